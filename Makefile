@@ -1,0 +1,56 @@
+# The whole set-up is two commands: `make up` (run the portal) and `make test` (run the suite).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PORT ?= 8000
+
+# The suite runs against real PostgreSQL and Redis on 127.0.0.1 (started if stopped).
+TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/portal} \
+	REDIS_URL=$${TEST_REDIS_URL:-redis://127.0.0.1:6379/15}
+
+.PHONY: up test install install-dev frontend lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	@if command -v npm >/dev/null 2>&1; then npm ci --no-audit --no-fund --loglevel=error && touch $@; \
+	else echo "warning: npm not found; pages will load without htmx/uPlot (install Node.js)"; fi
+
+frontend: node_modules/.installed
+
+install: $(VENV)/.installed frontend
+
+install-dev: $(VENV)/.installed-dev frontend
+
+up: install
+	$(BIN)/python manage.py migrate --noinput -v 0
+	$(BIN)/python manage.py demo_tenant
+	$(BIN)/python manage.py up --port $(PORT)
+
+lint: install-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: install-dev
+	.ci/ensure-services
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(TEST_ENV) $(BIN)/python manage.py check
+	$(TEST_ENV) $(BIN)/python manage.py makemigrations --check --dry-run
+	$(TEST_ENV) $(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) node_modules var .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Incidents: SLA breaches, incident timelines, chaos drills, root-cause hints, postmortems."""

@@ -1,0 +1,43 @@
+"""Business errors of the portal: one small hierarchy, mapped to HTTP by one handler."""
+
+from __future__ import annotations
+
+
+class PortalError(Exception):
+    """Base of every business error; carries a machine code and the field it is about."""
+
+    status_code = 400
+    code = "invalid"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    @property
+    def fields(self) -> dict[str, list[str]]:
+        return {self.field: [self.message]} if self.field else {}
+
+
+class ValidationFailed(PortalError):
+    code = "invalid"
+
+
+class PermissionDeniedError(PortalError):
+    status_code = 403
+    code = "forbidden"
+
+
+class NotFoundError(PortalError):
+    status_code = 404
+    code = "not_found"
+
+
+class ConflictError(PortalError):
+    status_code = 409
+    code = "conflict"
+
+
+class QuotaExceeded(PortalError):
+    status_code = 403
+    code = "quota_exceeded"

@@ -1,0 +1,8 @@
+"""WebSocket routes of all apps, collected in one list for the ASGI router."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Apps append their consumers here as they gain live streams (serving: /ws/gpu/, incidents).
+websocket_urlpatterns: list[Any] = []

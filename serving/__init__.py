@@ -1,0 +1,1 @@
+"""Serving: model registry, deployments on Ray Serve, reconcile, data plane and engine."""

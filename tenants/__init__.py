@@ -1,0 +1,1 @@
+"""Tenancy: tenants, memberships, API tokens, quotas, audit; the scoping base other apps use."""

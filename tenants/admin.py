@@ -1,0 +1,41 @@
+from django.contrib import admin
+
+from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Quota, Tenant
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "plan", "is_active", "created_at"]
+    search_fields = ["slug", "name"]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "user", "role"]
+    list_filter = ["role"]
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "max_deployments", "max_replicas", "max_gpus", "requests_per_second"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "name", "prefix", "expires_at", "revoked_at", "last_used_at"]
+    readonly_fields = ["prefix", "token_hash"]
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "email", "role", "created_at", "accepted_at", "revoked_at"]
+    readonly_fields = ["token_hash"]
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "actor_label", "action", "object_type", "object_id", "created_at"]
+    list_filter = ["action"]
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False  # the audit trail is append-only

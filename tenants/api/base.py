@@ -1,0 +1,156 @@
+"""The scoped DRF base: resolves tenant + membership once, checks scopes, applies rate limits.
+
+Every tenant API view in every app derives from `TenantScopedViewSet` (or `TenantScopedAPIView`)
+and only declares its selector, serializers and required scopes. Objects are looked up inside
+the caller's tenant, so another tenant's object and a missing one give the same 404.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from django.db.models import Model, QuerySet
+from rest_framework import exceptions, generics, viewsets
+from rest_framework.request import Request
+
+from portal import ratelimit
+from tenants import selectors
+from tenants.actors import Actor
+from tenants.models import ApiToken, Membership, Scope, Tenant
+from tenants.scoping import get_for_tenant
+
+TENANT_HEADER = "HTTP_X_TENANT"
+SESSION_TENANT_KEY = "active_tenant_id"
+READ_ACTIONS = frozenset({"list", "retrieve", "metadata"})
+
+
+@dataclass(frozen=True)
+class TenantContext:
+    tenant: Tenant
+    scopes: frozenset[str]
+    actor: Actor
+    membership: Membership | None = None
+    token: ApiToken | None = None
+
+
+class NoTenant(exceptions.PermissionDenied):
+    default_detail = "You are not a member of any tenant yet."
+    default_code = "no_tenant"
+
+
+class RateLimited(exceptions.Throttled):
+    default_detail = "Rate limit exceeded."
+
+
+def resolve_context(request: Request, tenant: Tenant | None = None) -> TenantContext:
+    """The caller's tenant: the token's own, or (session) X-Tenant, the active one, the first."""
+    token = request.auth if isinstance(request.auth, ApiToken) else None
+    if token is not None:
+        if tenant is not None and tenant.pk != token.tenant_id:
+            raise exceptions.NotFound()
+        return TenantContext(
+            tenant=token.tenant,
+            scopes=frozenset(token.scopes),
+            actor=Actor(token=token),
+            token=token,
+        )
+    user = request.user
+    memberships = selectors.memberships_of_user(user=user)
+    membership: Membership | None
+    if tenant is not None:
+        membership = memberships.filter(tenant=tenant).first()
+        if membership is None:
+            raise exceptions.NotFound()
+    elif slug := request.META.get(TENANT_HEADER):
+        membership = memberships.filter(tenant__slug=slug).first()
+        if membership is None:
+            raise exceptions.NotFound(f"No tenant {slug!r} among yours.")
+    else:
+        active = request.session.get(SESSION_TENANT_KEY) if hasattr(request, "session") else None
+        membership = (memberships.filter(tenant_id=active).first() if active else None) or (
+            memberships.first()
+        )
+        if membership is None:
+            raise NoTenant()
+    return TenantContext(
+        tenant=membership.tenant,
+        scopes=membership.scopes,
+        actor=Actor(user=user),
+        membership=membership,
+    )
+
+
+class TenantScopedMixin:
+    """Tenant resolution, scope checks and rate limits, done once in `initial()`."""
+
+    tenant_scoped: ClassVar[bool] = True
+    # Scope needed per action (viewsets) or per HTTP method (plain views); "*" is the fallback.
+    action_scopes: ClassVar[dict[str, str]] = {}
+    ctx: TenantContext
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        self.ctx = resolve_context(request)
+        self.check_scope(self.ctx)
+        self.check_rate_limit(self.ctx)
+
+    def required_scope(self) -> str:
+        name = getattr(self, "action", None) or self.request.method.lower()  # type: ignore[attr-defined]
+        if name in self.action_scopes:
+            return self.action_scopes[name]
+        if "*" in self.action_scopes:
+            return self.action_scopes["*"]
+        if name in READ_ACTIONS or self.request.method in ("GET", "HEAD", "OPTIONS"):  # type: ignore[attr-defined]
+            return Scope.READ
+        return Scope.WRITE
+
+    def check_scope(self, ctx: TenantContext) -> None:
+        needed = self.required_scope()
+        if needed not in ctx.scopes:
+            who = "token" if ctx.token is not None else f"role {ctx.membership.role!r}"  # type: ignore[union-attr]
+            raise exceptions.PermissionDenied(
+                f"This needs the {needed!r} scope; your {who} lacks it."
+            )
+
+    def check_rate_limit(self, ctx: TenantContext) -> None:
+        quota = selectors.quota_get_cached(tenant=ctx.tenant)
+        buckets = [ratelimit.Bucket(f"tenant:{ctx.tenant.pk}", quota)]
+        if ctx.token is not None and ctx.token.rate_limit_per_second:
+            buckets.append(
+                ratelimit.Bucket(f"token:{ctx.token.pk}", float(ctx.token.rate_limit_per_second))
+            )
+        wait = ratelimit.consume(buckets)
+        if wait > 0:
+            raise RateLimited(wait=wait)
+
+
+class TenantScopedViewSet(TenantScopedMixin, viewsets.GenericViewSet):  # type: ignore[type-arg]
+    """Base of every tenant API viewset: declare `scoped_queryset(tenant)` and serializers."""
+
+    def scoped_queryset(self, tenant: Tenant) -> QuerySet[Any]:
+        raise NotImplementedError
+
+    def get_queryset(self) -> QuerySet[Any]:
+        if getattr(self, "swagger_fake_view", False):
+            if self.queryset is None:
+                raise TypeError(
+                    f"{type(self).__name__} must declare queryset = Model.objects.none()"
+                )
+            return self.queryset
+        return self.scoped_queryset(self.ctx.tenant)
+
+    def get_object(self) -> Model:
+        lookup = self.lookup_url_kwarg or self.lookup_field
+        obj = get_for_tenant(
+            self.filter_queryset(self.get_queryset()),
+            tenant=self.ctx.tenant,
+            pk=self.kwargs[lookup],
+            field=self.lookup_field,
+        )
+        self.check_object_permissions(self.request, obj)
+        return obj
+
+
+class TenantScopedAPIView(TenantScopedMixin, generics.GenericAPIView):  # type: ignore[type-arg]
+    """Base of tenant API views that are not viewsets."""

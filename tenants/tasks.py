@@ -1,0 +1,41 @@
+"""Celery tasks of the tenants room: thin wrappers that take ids and call services."""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.core.mail import send_mail
+
+from portal.celery import task
+from tenants import services
+from tenants.models import Invitation
+
+logger = logging.getLogger(__name__)
+
+
+@task(queue="default", time_limit=60, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def invitation_send_email(invitation_id: int, accept_url: str) -> bool:
+    invitation = (
+        Invitation.objects.select_related("tenant", "invited_by").filter(pk=invitation_id).first()
+    )
+    if invitation is None or invitation.status != "pending":
+        return False
+    inviter = invitation.invited_by.email if invitation.invited_by else "An owner"
+    send_mail(
+        subject=f"You are invited to {invitation.tenant.name} on the AI Ops Portal",
+        message=(
+            f"{inviter} invited you to join {invitation.tenant.name} as {invitation.role}.\n\n"
+            f"Accept the invitation: {accept_url}\n\n"
+            f"The link expires on {invitation.expires_at:%Y-%m-%d %H:%M} UTC."
+        ),
+        from_email=settings.DEFAULT_FROM_EMAIL,
+        recipient_list=[invitation.email],
+    )
+    logger.info("invitation %s mailed", invitation_id)
+    return True
+
+
+@task(queue="default", time_limit=300, idempotent=True)
+def invitations_expire() -> int:
+    return services.invitations_expire()

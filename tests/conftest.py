@@ -1,0 +1,90 @@
+"""Shared fixtures: two tenants built through the services, API clients for tokens and sessions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth.models import User
+from rest_framework.test import APIClient
+
+from tenants import services
+from tenants.actors import Actor
+from tenants.models import ApiToken, Role, Scope, Tenant
+
+PASSWORD = "correct-horse-battery-staple-42"
+ALL_SCOPES = [Scope.READ, Scope.WRITE, Scope.DEPLOY, Scope.ADMIN]
+
+
+@dataclass
+class TenantWorld:
+    """A tenant with an owner, an operator, a viewer and an all-scopes token of the owner."""
+
+    tenant: Tenant
+    owner: User
+    operator: User
+    viewer: User
+    token: ApiToken
+    raw_token: str
+
+    def client(self, who: str = "token") -> APIClient:
+        client = APIClient()
+        if who == "token":
+            client.credentials(HTTP_AUTHORIZATION=f"Bearer {self.raw_token}")
+        else:
+            client.force_login(getattr(self, who))
+        return client
+
+
+def make_user(email: str) -> User:
+    return User.objects.create_user(username=email, email=email, password=PASSWORD)
+
+
+def add_member(tenant: Tenant, owner: User, email: str, role: str) -> User:
+    """Invite and accept, the way a real member joins."""
+    user = make_user(email)
+    _, raw = services.invitation_create(
+        tenant=tenant, actor=Actor(user=owner), email=email, role=role
+    )
+    services.invitation_accept(user=user, raw_token=raw)
+    return user
+
+
+def make_world(name: str) -> TenantWorld:
+    slug = name.lower()
+    owner, tenant = services.signup(
+        email=f"owner@{slug}.example", password=PASSWORD, organisation=name
+    )
+    operator = add_member(tenant, owner, f"operator@{slug}.example", Role.OPERATOR)
+    viewer = add_member(tenant, owner, f"viewer@{slug}.example", Role.VIEWER)
+    token, raw = services.api_token_create(
+        tenant=tenant, actor=Actor(user=owner), name="automation", scopes=ALL_SCOPES
+    )
+    return TenantWorld(tenant, owner, operator, viewer, token, raw)
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis() -> Any:
+    """Rate-limit buckets and cache entries must not leak between tests (test Redis db only)."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for pattern in (
+        f"{settings.RATE_LIMIT_KEY_PREFIX}:*",
+        f"{settings.CACHES['default']['KEY_PREFIX']}:*",
+    ):
+        keys = list(client.scan_iter(pattern))
+        if keys:
+            client.delete(*keys)
+    yield
+
+
+@pytest.fixture
+def world_a(db: Any) -> TenantWorld:
+    return make_world("Acme")
+
+
+@pytest.fixture
+def world_b(db: Any) -> TenantWorld:
+    return make_world("Globex")

@@ -1,0 +1,16 @@
+"""Test settings: the real services on 127.0.0.1 (PostgreSQL, Redis), fast password hashing."""
+
+import os
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/portal")
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+os.environ.setdefault("CACHE_KEY_PREFIX", "portal-test")
+os.environ.setdefault("CHANNEL_PREFIX", "portal-test:asgi")
+os.environ.setdefault("RATE_LIMIT_KEY_PREFIX", "portal-test:rl")
+
+from portal.settings import *  # noqa: E402,F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+CELERY_TASK_ALWAYS_EAGER = True
+CELERY_TASK_EAGER_PROPAGATES = True

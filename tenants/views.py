@@ -276,4 +276,8 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
 @login_required
 def switch_tenant(request: HttpRequest) -> HttpResponse:
     slug = request.POST.get("slug", "")
-    return redirect("tenant-overview", slug=slug) if slug else redirect("home")
+    membership = selectors.memberships_of_user(user=request.user).filter(tenant__slug=slug).first()
+    if membership is None:
+        raise Http404("No such tenant among yours.")
+    request.session[SESSION_TENANT_KEY] = membership.tenant_id
+    return redirect("tenant-overview", slug=membership.tenant.slug)

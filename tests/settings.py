@@ -14,3 +14,8 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_EAGER_PROPAGATES = True
+
+if os.environ.get("PORTAL_TEST_WORKER"):
+    # A real Celery worker started by the tests: it consumes from Redis and writes mail to files.
+    CELERY_TASK_ALWAYS_EAGER = False
+    EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"

@@ -35,7 +35,10 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
     fields: dict[str, list[str]] = {}
     if isinstance(detail, dict):
         for key, value in detail.items():
-            name = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(key, int) or str(key).isdigit():
+                name = f"{prefix}[{key}]"
+            else:
+                name = f"{prefix}.{key}" if prefix else str(key)
             fields.update(_flatten(value, name))
     elif isinstance(detail, list):
         if all(not isinstance(item, dict | list) for item in detail):
@@ -54,7 +57,8 @@ def error_body(code: str, message: str, fields: dict[str, list[str]] | None = No
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, PortalError):
-        return Response(error_body(exc.code, exc.message, exc.fields), status=exc.status_code)
+        message = f"{exc.field}: {exc.message}" if exc.field else exc.message
+        return Response(error_body(exc.code, message, exc.fields), status=exc.status_code)
     if isinstance(exc, DjangoValidationError):
         if hasattr(exc, "error_dict"):
             fields = {k: [str(m) for e in v for m in e.messages] for k, v in exc.error_dict.items()}

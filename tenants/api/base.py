@@ -65,7 +65,7 @@ def resolve_context(request: Request, tenant: Tenant | None = None) -> TenantCon
     elif slug := request.META.get(TENANT_HEADER):
         membership = memberships.filter(tenant__slug=slug).first()
         if membership is None:
-            raise exceptions.NotFound(f"No tenant {slug!r} among yours.")
+            raise exceptions.NotFound("The X-Tenant header names no tenant of yours.")
     else:
         active = request.session.get(SESSION_TENANT_KEY) if hasattr(request, "session") else None
         membership = (memberships.filter(tenant_id=active).first() if active else None) or (
@@ -87,10 +87,14 @@ class TenantScopedMixin:
     tenant_scoped: ClassVar[bool] = True
     # Scope needed per action (viewsets) or per HTTP method (plain views); "*" is the fallback.
     action_scopes: ClassVar[dict[str, str]] = {}
+    # Actions a signed-in user may call before belonging to any tenant (e.g. creating one).
+    contextless_actions: ClassVar[frozenset[str]] = frozenset()
     ctx: TenantContext
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        if getattr(self, "action", None) in self.contextless_actions and request.auth is None:
+            return
         self.ctx = resolve_context(request)
         self.check_scope(self.ctx)
         self.check_rate_limit(self.ctx)

@@ -39,7 +39,8 @@ class TenantViewSet(
     serializer_class = s.TenantSerializer
     lookup_field = "slug"
     pagination_class = None
-    action_scopes = {"create": Scope.READ, "partial_update": Scope.ADMIN, "update": Scope.ADMIN}
+    action_scopes = {"create": Scope.READ, "partial_update": Scope.ADMIN}
+    contextless_actions = frozenset({"create"})
 
     def scoped_queryset(self, tenant: Tenant) -> Any:
         if self.ctx.token is not None:
@@ -53,13 +54,6 @@ class TenantViewSet(
         self.ctx = resolve_context(self.request, tenant=tenant)
         self.check_scope(self.ctx)
         return tenant
-
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        if getattr(self, "action", None) == "create" and not isinstance(request.auth, ApiToken):
-            # Creating a tenant is the one tenant call a user without any tenant may make.
-            super(TenantScopedViewSet, self).initial(request, *args, **kwargs)  # skips context
-            return
-        super().initial(request, *args, **kwargs)
 
     @extend_schema(request=s.TenantCreateSerializer, responses={201: s.TenantSerializer})
     def create(self, request: Request) -> Response:

@@ -66,9 +66,8 @@ class Command(BaseCommand):
             Part(
                 "web",
                 [
-                    py, "-m", "uvicorn", "portal.asgi:application",
+                    py, "-m", "portal.serve",
                     "--host", opts["host"], "--port", str(opts["port"]),
-                    "--lifespan", "off", "--no-server-header",
                 ],
             )
         ]  # fmt: skip

@@ -1,0 +1,74 @@
+"""Discovery of every API route from the URL conf, so new routes join the matrices by themselves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.urls import URLPattern, URLResolver, get_resolver
+
+API_PREFIX = "api/v1/"
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str
+    pattern: str
+    view_class: type
+    methods: tuple[str, ...]
+    actions: dict[str, str]
+    detail: bool
+
+    @property
+    def tenant_scoped(self) -> bool:
+        return bool(getattr(self.view_class, "tenant_scoped", False))
+
+    @property
+    def lookup_kwarg(self) -> str | None:
+        if not self.detail:
+            return None
+        return getattr(self.view_class, "lookup_url_kwarg", None) or getattr(
+            self.view_class, "lookup_field", "pk"
+        )
+
+
+def _walk(patterns: list[Any], prefix: str = "") -> list[tuple[str, URLPattern]]:
+    found: list[tuple[str, URLPattern]] = []
+    for entry in patterns:
+        if isinstance(entry, URLResolver):
+            found.extend(_walk(entry.url_patterns, prefix + str(entry.pattern)))
+        elif isinstance(entry, URLPattern):
+            found.append((prefix + str(entry.pattern), entry))
+    return found
+
+
+def api_routes() -> list[Route]:
+    routes = []
+    for pattern, entry in _walk(get_resolver().url_patterns):
+        clean = pattern.replace("^", "").replace("$", "")
+        if not clean.startswith(API_PREFIX):
+            continue
+        view_class = getattr(entry.callback, "cls", None)
+        if view_class is None:
+            continue
+        actions = dict(getattr(entry.callback, "actions", None) or {})
+        if actions:
+            methods = tuple(sorted(m.upper() for m in actions))
+        else:
+            methods = tuple(
+                m.upper()
+                for m in ("get", "post", "put", "patch", "delete")
+                if hasattr(view_class, m)
+            )
+        detail = "(?P<" in pattern or "<" in pattern
+        routes.append(
+            Route(
+                name=entry.name or clean,
+                pattern=clean,
+                view_class=view_class,
+                methods=methods,
+                actions=actions,
+                detail=detail,
+            )
+        )
+    return routes

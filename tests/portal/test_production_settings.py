@@ -1,0 +1,54 @@
+"""Production settings come from the environment and pass `check --deploy` without warnings."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(env_overrides: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "SECRET_KEY")}
+    env.update({"DJANGO_SETTINGS_MODULE": "portal.settings", **env_overrides})
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+PRODUCTION = {
+    "PORTAL_ENV": "production",
+    "ALLOWED_HOSTS": "portal.example.com",
+    "DATABASE_URL": os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/portal"),
+    "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"),
+}
+
+
+def test_check_deploy_is_clean_with_production_settings() -> None:
+    key = secrets.token_urlsafe(50)
+    result = _run({**PRODUCTION, "SECRET_KEY": key}, "check", "--deploy", "--fail-level", "WARNING")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+    assert key not in result.stdout + result.stderr
+
+
+def test_production_refuses_to_start_without_a_secret_key() -> None:
+    result = _run(PRODUCTION, "check")
+    assert result.returncode != 0
+    assert "SECRET_KEY must be set" in result.stderr
+
+
+def test_production_refuses_to_start_without_allowed_hosts() -> None:
+    env = {**PRODUCTION, "SECRET_KEY": secrets.token_urlsafe(50), "ALLOWED_HOSTS": ""}
+    result = _run(env, "check")
+    assert result.returncode != 0
+    assert "ALLOWED_HOSTS must be set" in result.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 
 _PATTERNS = [
     (re.compile(r"aop_[A-Za-z0-9_\-]{8,}"), "aop_[redacted]"),
@@ -22,16 +23,23 @@ def redact(text: str) -> str:
     return text
 
 
+def _clean(value: object) -> object:
+    return redact(value) if isinstance(value, str) else value
+
+
 class RedactSecretsFilter(logging.Filter):
-    """Render the message once, scrub tokens, passwords and bearer headers from it."""
+    """Scrub tokens, passwords and bearer headers from the message and from each argument.
+
+    Arguments keep their shape (formatters such as uvicorn's access log unpack them).
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # noqa: BLE001  (a broken format string must not drop the record)
-            message = str(record.msg)
-        record.msg = redact(message)
-        record.args = None
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(_clean(arg) for arg in record.args)
+        elif isinstance(record.args, Mapping):
+            record.args = {key: _clean(arg) for key, arg in record.args.items()}
         if record.exc_text:
             record.exc_text = redact(record.exc_text)
         return True

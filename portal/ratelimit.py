@@ -1,8 +1,20 @@
-"""Token-bucket rate limits per tenant and per API token.
+"""The request gate: token-bucket rate limits per tenant and per API token, plus deny markers.
 
-With Redis configured, all buckets of one request are checked and charged atomically in a
-single Lua script (no race between two web processes). Embedded mode (no Redis) uses the same
-algorithm behind a process-wide lock, which is atomic for the single web process it runs.
+With Redis configured, one Lua script checks an optional deny marker (a revoked token) and
+charges all buckets of a request atomically: one round trip, no race between web processes.
+Embedded mode (no Redis) uses the same algorithm behind a process-wide lock, which is atomic
+for the single web process it runs.
+
+Leases: for fast buckets (every bucket of the request at >= 2 / RATE_LIMIT_LEASE_FRACTION
+requests per second, 200/s by default) one round trip takes up to
+`rate * RATE_LIMIT_LEASE_FRACTION` tokens (at most RATE_LIMIT_LEASE_MAX) and the process spends
+them locally for at most RATE_LIMIT_LEASE_MS. The limit is never exceeded (tokens are taken
+from the shared bucket before they are spent); a process that does not spend its lease in
+time returns nothing, so a tenant right at its limit may be under-admitted by up to
+`FRACTION * 1000 / LEASE_MS` of its rate (10% by default) per mostly idle process. A deny
+marker set by another process is seen at the next refill, within RATE_LIMIT_LEASE_MS; set in
+this process it is seen at once. Slower buckets (the default quotas) stay strict: one round
+trip per request.
 """
 
 from __future__ import annotations
@@ -16,12 +28,20 @@ from typing import Any
 
 from django.conf import settings
 
+# KEYS: bucket keys, then optionally the deny-marker key. ARGV: rate, capacity per bucket,
+# then how many tokens the caller wants. Returns {granted, wait_ms}; {-1, 0} for the marker.
 _LUA = """
+local n = (#ARGV - 1) / 2
+local want = tonumber(ARGV[#ARGV])
+if #KEYS > n and redis.call('EXISTS', KEYS[#KEYS]) == 1 then
+  return {-1, 0}
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local wait = 0
+local grant = want
 local levels = {}
-for i = 1, #KEYS do
+for i = 1, n do
   local rate = tonumber(ARGV[2 * i - 1])
   local cap = tonumber(ARGV[2 * i])
   local state = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
@@ -33,16 +53,17 @@ for i = 1, #KEYS do
     local need = math.ceil((1 - tokens) * 1000 / rate)
     if need > wait then wait = need end
   end
+  grant = math.min(grant, math.floor(tokens))
 end
-for i = 1, #KEYS do
+if wait > 0 then grant = 0 end
+for i = 1, n do
   local rate = tonumber(ARGV[2 * i - 1])
   local cap = tonumber(ARGV[2 * i])
-  local tokens = levels[i]
-  if wait == 0 then tokens = tokens - 1 end
+  local tokens = levels[i] - grant
   redis.call('HSET', KEYS[i], 'tokens', tostring(tokens), 'ts', now)
   redis.call('PEXPIRE', KEYS[i], math.ceil(cap * 1000 / rate) + 1000)
 end
-return wait
+return {grant, wait}
 """
 
 
@@ -56,21 +77,36 @@ class Bucket:
         return max(1.0, self.rate_per_second * settings.RATE_LIMIT_BURST_SECONDS)
 
 
-@lru_cache(maxsize=1)
-def _redis_script() -> Any:
+@lru_cache(maxsize=4)
+def _redis(url: str) -> Any:
     import redis
 
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    return client.register_script(_LUA)
+    return redis.Redis.from_url(url)
+
+
+@lru_cache(maxsize=4)
+def _redis_script(url: str) -> Any:
+    return _redis(url).register_script(_LUA)
+
+
+class Denied(Exception):
+    """The request carries something marked as denied (e.g. a revoked token)."""
 
 
 _local_lock = threading.Lock()
 _local_state: dict[str, tuple[float, float]] = {}
+_local_markers: dict[str, float] = {}
 
 
-def _consume_local(buckets: list[Bucket]) -> float:
+def _key(name: str) -> str:
+    return f"{settings.RATE_LIMIT_KEY_PREFIX}:{name}"
+
+
+def _consume_local(buckets: list[Bucket], deny_marker: str | None) -> float:
     now = time.monotonic()
     with _local_lock:
+        if deny_marker is not None and _local_markers.get(deny_marker, 0.0) > now:
+            raise Denied(deny_marker)
         levels = []
         wait = 0.0
         for bucket in buckets:
@@ -84,16 +120,77 @@ def _consume_local(buckets: list[Bucket]) -> float:
         return wait
 
 
-def consume(buckets: list[Bucket]) -> float:
-    """Charge one request to every bucket, or to none. Returns 0, or seconds to wait."""
-    buckets = [b for b in buckets if b.rate_per_second > 0]
+def lease_size(buckets: list[Bucket]) -> int:
+    """Tokens one Redis round trip takes for this set of buckets (1 = strict, no lease)."""
     if not buckets:
-        return 0.0
+        return 1
+    slowest = min(b.rate_per_second for b in buckets)
+    size = int(slowest * settings.RATE_LIMIT_LEASE_FRACTION)
+    return max(1, min(settings.RATE_LIMIT_LEASE_MAX, size))
+
+
+# Leases held by this process: tuple of Redis keys -> [tokens left, monotonic expiry].
+_leases: dict[tuple[str, ...], list[float]] = {}
+
+
+def _take_leased(lease_key: tuple[str, ...], now: float) -> bool:
+    with _local_lock:
+        lease = _leases.get(lease_key)
+        if lease is None:
+            return False
+        if lease[0] < 1 or lease[1] <= now:
+            del _leases[lease_key]
+            return False
+        lease[0] -= 1
+        return True
+
+
+def consume(buckets: list[Bucket], *, deny_marker: str | None = None) -> float:
+    """Charge one request to every bucket, or to none. Returns 0, or seconds to wait.
+
+    Raises Denied when `deny_marker` is set (checked in the same atomic step).
+    """
+    buckets = [b for b in buckets if b.rate_per_second > 0]
     if not settings.REDIS_URL:
-        return _consume_local(buckets)
-    keys = [f"{settings.RATE_LIMIT_KEY_PREFIX}:{b.key}" for b in buckets]
+        return _consume_local(buckets, deny_marker)
+    now = time.monotonic()
+    if deny_marker is not None and _local_markers.get(deny_marker, 0.0) > now:
+        raise Denied(deny_marker)
+    keys = [_key(b.key) for b in buckets]
+    if deny_marker is not None:
+        keys.append(_key(deny_marker))
+    if not keys:
+        return 0.0
+    want = lease_size(buckets)
+    lease_key = tuple(keys)
+    if want > 1 and _take_leased(lease_key, now):
+        return 0.0
     args: list[float] = []
     for bucket in buckets:
         args.extend([bucket.rate_per_second, bucket.capacity])
-    wait_ms = int(_redis_script()(keys=keys, args=args))
-    return math.ceil(wait_ms) / 1000.0
+    args.append(want)
+    granted, wait_ms = (int(v) for v in _redis_script(settings.REDIS_URL)(keys=keys, args=args))
+    if granted < 0:
+        raise Denied(deny_marker)
+    if granted == 0:
+        return math.ceil(wait_ms) / 1000.0
+    if granted > 1:
+        with _local_lock:
+            expires = time.monotonic() + settings.RATE_LIMIT_LEASE_MS / 1000.0
+            _leases[lease_key] = [float(granted - 1), expires]
+    return 0.0
+
+
+def set_marker(name: str, ttl_s: int) -> None:
+    """Mark `name` as denied for `ttl_s` seconds, for every web process at once."""
+    ttl_s = max(1, ttl_s)
+    with _local_lock:
+        now = time.monotonic()
+        for stale in [k for k, until in _local_markers.items() if until <= now]:
+            del _local_markers[stale]
+        _local_markers[name] = now + ttl_s
+        marker_key = _key(name)
+        for lease_key in [k for k in _leases if k[-1] == marker_key]:
+            del _leases[lease_key]
+    if settings.REDIS_URL:
+        _redis(settings.REDIS_URL).set(_key(name), "1", ex=ttl_s)

@@ -39,6 +39,16 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from exc
 
 
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from exc
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     value = os.environ.get(name)
     if value is None or value.strip() == "":
@@ -258,9 +268,15 @@ SPECTACULAR_SETTINGS = {
 # --- Portal -----------------------------------------------------------------------------
 API_TOKEN_DEFAULT_DAYS = env_int("API_TOKEN_DEFAULT_DAYS", 90)
 API_TOKEN_MAX_DAYS = env_int("API_TOKEN_MAX_DAYS", 365)
+# Per-process cache of authenticated tokens; revocation is still immediate (Redis marker).
+API_TOKEN_CACHE_SECONDS = env_int("API_TOKEN_CACHE_SECONDS", 10)
 INVITATION_TTL = timedelta(days=env_int("INVITATION_TTL_DAYS", 7))
 RATE_LIMIT_BURST_SECONDS = env_int("RATE_LIMIT_BURST_SECONDS", 1)
 RATE_LIMIT_KEY_PREFIX = env_str("RATE_LIMIT_KEY_PREFIX", "portal:rl")
+# Fast buckets (>= 2 / FRACTION req/s) lease a share of their rate per Redis round trip.
+RATE_LIMIT_LEASE_FRACTION = env_float("RATE_LIMIT_LEASE_FRACTION", 0.01)
+RATE_LIMIT_LEASE_MAX = env_int("RATE_LIMIT_LEASE_MAX", 64)
+RATE_LIMIT_LEASE_MS = env_int("RATE_LIMIT_LEASE_MS", 100)
 
 # --- Logging: secrets are scrubbed from every record ------------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO")

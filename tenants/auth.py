@@ -2,12 +2,60 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import OrderedDict
 from typing import Any
 
+from django.conf import settings
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from tenants import selectors, services
+from tenants.models import ApiToken
+
+
+class TokenCache:
+    """A small per-process LRU of authenticated tokens, fresh for API_TOKEN_CACHE_SECONDS.
+
+    It keeps PostgreSQL off the API hot path. Revocation does not wait for it to expire: every
+    request also checks the token's revocation marker in Redis, in the same round trip as the
+    rate limit (tenants.api.base), so a revoked token is refused by every process at once.
+    """
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._items: OrderedDict[str, tuple[float, ApiToken]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._size = size
+
+    def get(self, token_hash: str) -> ApiToken | None:
+        with self._lock:
+            item = self._items.get(token_hash)
+            if item is None:
+                return None
+            if time.monotonic() - item[0] > settings.API_TOKEN_CACHE_SECONDS:
+                del self._items[token_hash]
+                return None
+            self._items.move_to_end(token_hash)
+            return item[1]
+
+    def put(self, token_hash: str, token: ApiToken) -> None:
+        with self._lock:
+            self._items[token_hash] = (time.monotonic(), token)
+            self._items.move_to_end(token_hash)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+token_cache = TokenCache()
+
+
+def revocation_marker(token: ApiToken) -> str:
+    return f"token-revoked:{token.pk}"
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -22,9 +70,13 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         raw = header[1]
         if not raw.startswith(services.TOKEN_PREFIX):
             raise exceptions.AuthenticationFailed("Unknown token format.")
-        token = selectors.api_token_find(raw_token=raw)
+        token_hash = services.hash_secret(raw)
+        token = token_cache.get(token_hash)
         if token is None:
-            raise exceptions.AuthenticationFailed("Invalid token.")
+            token = selectors.api_token_find(token_hash=token_hash)
+            if token is None:
+                raise exceptions.AuthenticationFailed("Invalid token.")
+            token_cache.put(token_hash, token)
         if token.status == "revoked":
             raise exceptions.AuthenticationFailed("This token has been revoked.")
         if token.status == "expired":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.contrib.auth.models import AnonymousUser, User
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 
 from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Quota, Tenant
 from tenants.services import hash_secret
@@ -51,11 +51,21 @@ def api_token_list(*, tenant: Tenant) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(tenant=tenant).select_related("created_by")
 
 
-def api_token_find(*, raw_token: str) -> ApiToken | None:
-    """The token with this raw value (whatever its status), found by its hash."""
-    return (
-        ApiToken.objects.filter(token_hash=hash_secret(raw_token)).select_related("tenant").first()
-    )
+def api_token_find(*, token_hash: str) -> ApiToken | None:
+    """The token with this hash (whatever its status), its tenant, and the tenant's API rate.
+
+    One query: the tenant is joined and the quota's requests_per_second is annotated as
+    `tenant_rps`, so the request path needs nothing else from PostgreSQL.
+    """
+    rps = Quota.objects.filter(tenant=OuterRef("tenant")).values("requests_per_second")[:1]
+    try:
+        return (
+            ApiToken.objects.select_related("tenant")
+            .annotate(tenant_rps=Subquery(rps))
+            .get(token_hash=token_hash)
+        )
+    except ApiToken.DoesNotExist:
+        return None
 
 
 def quota_get(*, tenant: Tenant) -> Quota:

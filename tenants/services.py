@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.text import slugify
 
+from portal import ratelimit
 from portal.exceptions import ConflictError, PermissionDeniedError, ValidationFailed
 from tenants.actors import Actor
 from tenants.models import (
@@ -449,6 +450,11 @@ def api_token_revoke(*, tenant: Tenant, actor: Actor, token: ApiToken) -> ApiTok
             return locked
         locked.revoked_at = timezone.now()
         locked.save(update_fields=["revoked_at"])
+        # Tell every web process now (fail-safe: a rolled-back revoke still refuses the token).
+        ratelimit.set_marker(
+            f"token-revoked:{locked.pk}",
+            ttl_s=int((locked.expires_at - locked.revoked_at).total_seconds()) + 60,
+        )
         audit_record(
             tenant=tenant,
             actor=actor,

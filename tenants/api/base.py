@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from portal import ratelimit
 from tenants import selectors
 from tenants.actors import Actor
+from tenants.auth import revocation_marker
 from tenants.models import ApiToken, Membership, Scope, Tenant
 from tenants.scoping import get_for_tenant
 
@@ -118,13 +119,24 @@ class TenantScopedMixin:
             )
 
     def check_rate_limit(self, ctx: TenantContext) -> None:
-        quota = selectors.quota_get_cached(tenant=ctx.tenant)
-        buckets = [ratelimit.Bucket(f"tenant:{ctx.tenant.pk}", quota)]
-        if ctx.token is not None and ctx.token.rate_limit_per_second:
-            buckets.append(
-                ratelimit.Bucket(f"token:{ctx.token.pk}", float(ctx.token.rate_limit_per_second))
-            )
-        wait = ratelimit.consume(buckets)
+        """Charge the tenant's (and token's) bucket; for tokens, check revocation in the same
+        Redis round trip."""
+        token = ctx.token
+        rps = getattr(token, "tenant_rps", None) if token is not None else None
+        if rps is None:
+            rps = selectors.quota_get_cached(tenant=ctx.tenant)
+        buckets = [ratelimit.Bucket(f"tenant:{ctx.tenant.pk}", float(rps))]
+        marker = None
+        if token is not None:
+            marker = revocation_marker(token)
+            if token.rate_limit_per_second:
+                buckets.append(
+                    ratelimit.Bucket(f"token:{token.pk}", float(token.rate_limit_per_second))
+                )
+        try:
+            wait = ratelimit.consume(buckets, deny_marker=marker)
+        except ratelimit.Denied:
+            raise exceptions.AuthenticationFailed("This token has been revoked.") from None
         if wait > 0:
             raise RateLimited(wait=wait)
 
@@ -134,6 +146,15 @@ class TenantScopedViewSet(TenantScopedMixin, viewsets.GenericViewSet):  # type: 
 
     def scoped_queryset(self, tenant: Tenant) -> QuerySet[Any]:
         raise NotImplementedError
+
+    def filter_queryset(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """Run the filter backends only when a filter parameter is present (hot-path saving)."""
+        filterset = getattr(self, "filterset_class", None)
+        if filterset is not None and not set(self.request.query_params) & set(
+            filterset.base_filters
+        ):
+            return queryset
+        return super().filter_queryset(queryset)
 
     def get_queryset(self) -> QuerySet[Any]:
         if getattr(self, "swagger_fake_view", False):

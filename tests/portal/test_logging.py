@@ -27,7 +27,19 @@ def test_redact_removes_secrets(text: str) -> None:
         assert secret not in cleaned
 
 
-def test_filter_renders_args_before_redacting() -> None:
+def test_uvicorn_access_lines_keep_their_shape_and_lose_the_secret() -> None:
+    from uvicorn.logging import AccessFormatter
+
+    args = ("127.0.0.1:5000", "GET", "/invite/inv_" + "q" * 40 + "/", "1.1", 404)
+    record = logging.LogRecord(
+        "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d', args, None
+    )
+    RedactSecretsFilter().filter(record)
+    line = AccessFormatter('%(client_addr)s - "%(request_line)s" %(status_code)s').format(record)
+    assert "qqqq" not in line and "inv_[redacted]" in line and "404" in line
+
+
+def test_filter_redacts_arguments() -> None:
     record = logging.LogRecord(
         "x", logging.INFO, __file__, 1, "issued %s", ("aop_" + "A" * 40,), None
     )

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(env_overrides: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "SECRET_KEY")}
+    dropped = ("DJANGO_SETTINGS_MODULE", "SECRET_KEY", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.update({"DJANGO_SETTINGS_MODULE": "portal.settings", **env_overrides})
     return subprocess.run(
         [sys.executable, "manage.py", *args],

@@ -101,3 +101,38 @@ def test_token_last_used_is_written_at_most_once_a_minute(
     first = ApiToken.objects.get(pk=world_a.token.pk).last_used_at
     client.get(reverse("quota-list"))
     assert ApiToken.objects.get(pk=world_a.token.pk).last_used_at == first
+
+
+def test_revocation_reaches_a_warm_token_cache_at_once(world_a: TenantWorld) -> None:
+    """Another process revoking (no local cache drop) still stops the token on the next call."""
+    from tenants.actors import Actor
+    from tenants.auth import token_cache
+
+    client = world_a.client("token")
+    assert client.get(reverse("quota-list")).status_code == 200
+    assert token_cache.get(world_a.token.token_hash) is not None
+    services.api_token_revoke(
+        tenant=world_a.tenant, actor=Actor(user=world_a.owner), token=world_a.token
+    )
+    assert token_cache.get(world_a.token.token_hash) is not None  # still cached here
+    response = client.get(reverse("quota-list"))
+    assert response.status_code == 401
+    assert "revoked" in response.json()["error"]["message"]
+
+
+def test_token_cache_expires_so_suspension_applies(world_a: TenantWorld, settings) -> None:
+    client = world_a.client("token")
+    assert client.get(reverse("quota-list")).status_code == 200
+    world_a.tenant.is_active = False
+    world_a.tenant.save()
+    settings.API_TOKEN_CACHE_SECONDS = 0
+    assert client.get(reverse("quota-list")).status_code == 401
+
+
+def test_token_requests_need_no_postgres_when_warm(
+    world_a: TenantWorld, django_assert_num_queries
+) -> None:
+    client = world_a.client("token")
+    client.get(reverse("quota-list"))
+    with django_assert_num_queries(1):  # the quota list itself
+        assert client.get(reverse("quota-list")).status_code == 200

@@ -51,7 +51,7 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(
                 f"Demo tenant '{tenant.name}' ({tenant.slug}) is ready.\n"
-                f"  Log in at http://127.0.0.1:8000/accounts/login/\n"
+                f"  Log in at http://127.0.0.1:{os.environ.get('PORT', '8000')}/accounts/login/\n"
                 f"  e-mail:   {email}\n"
                 f"  password: {password}"
             )

@@ -78,7 +78,8 @@ class Bucket:
 
 
 @lru_cache(maxsize=4)
-def _redis(url: str) -> Any:
+def redis_client(url: str) -> Any:
+    """One client (connection pool) per Redis URL for this process."""
     import redis
 
     return redis.Redis.from_url(url)
@@ -86,7 +87,7 @@ def _redis(url: str) -> Any:
 
 @lru_cache(maxsize=4)
 def _redis_script(url: str) -> Any:
-    return _redis(url).register_script(_LUA)
+    return redis_client(url).register_script(_LUA)
 
 
 class Denied(Exception):
@@ -193,4 +194,4 @@ def set_marker(name: str, ttl_s: int) -> None:
         for lease_key in [k for k in _leases if k[-1] == marker_key]:
             del _leases[lease_key]
     if settings.REDIS_URL:
-        _redis(settings.REDIS_URL).set(_key(name), "1", ex=ttl_s)
+        redis_client(settings.REDIS_URL).set(_key(name), "1", ex=ttl_s)

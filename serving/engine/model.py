@@ -1,0 +1,248 @@
+"""Llama forward pass (RMSNorm, RoPE, SwiGLU, grouped-query attention) over a paged KV cache.
+
+Weights are fused at load (q/k/v into one matrix, gate/up into one) so a decode step costs
+few kernel launches; the maths follows Hugging Face's LlamaForCausalLM in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from serving.engine.config import LlamaConfig
+
+
+@dataclass(frozen=True)
+class Segment:
+    """New tokens of one sequence in a forward pass: they sit at positions start_pos.. and the
+    sequence's KV lives in the blocks of `block_table`."""
+
+    token_ids: list[int]
+    start_pos: int
+    block_table: list[int]
+
+
+@dataclass
+class ForwardBatch:
+    token_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
+    last_index: torch.Tensor  # [S] index in T of each segment's last token
+    # decode segments (one new token each), attended together
+    decode_rows: torch.Tensor  # [D] rows in T
+    decode_slots: torch.Tensor  # [D, Lmax] cache slots of each context (padded)
+    decode_mask: torch.Tensor  # [D, 1, 1, Lmax] bool
+    # prefill segments, attended one by one: (rows slice, context slots, causal mask)
+    prefills: list[tuple[slice, torch.Tensor, torch.Tensor]]
+
+
+def _slots(block_table: list[int], length: int, block_size: int) -> list[int]:
+    return [block_table[p // block_size] * block_size + p % block_size for p in range(length)]
+
+
+def build_batch(segments: list[Segment], block_size: int, device: torch.device) -> ForwardBatch:
+    ids: list[int] = []
+    positions: list[int] = []
+    slot_mapping: list[int] = []
+    last: list[int] = []
+    decode_rows: list[int] = []
+    decode_ctx: list[list[int]] = []
+    prefills: list[tuple[slice, torch.Tensor, torch.Tensor]] = []
+    for seg in segments:
+        n = len(seg.token_ids)
+        row = len(ids)
+        end = seg.start_pos + n
+        ctx = _slots(seg.block_table, end, block_size)
+        ids.extend(seg.token_ids)
+        positions.extend(range(seg.start_pos, end))
+        slot_mapping.extend(ctx[seg.start_pos :])
+        last.append(row + n - 1)
+        if n == 1:
+            decode_rows.append(row)
+            decode_ctx.append(ctx)
+        else:
+            q_pos = torch.arange(seg.start_pos, end, device=device)
+            k_pos = torch.arange(end, device=device)
+            mask = k_pos[None, :] <= q_pos[:, None]
+            prefills.append(
+                (slice(row, row + n), torch.tensor(ctx, dtype=torch.long, device=device), mask)
+            )
+    width = max((len(c) for c in decode_ctx), default=0)
+    padded = [c + [0] * (width - len(c)) for c in decode_ctx]
+    lengths = torch.tensor([len(c) for c in decode_ctx], dtype=torch.long)
+    mask = torch.arange(width)[None, :] < lengths[:, None]
+
+    def t(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    return ForwardBatch(
+        token_ids=t(ids),
+        positions=t(positions),
+        slot_mapping=t(slot_mapping),
+        last_index=t(last),
+        decode_rows=t(decode_rows),
+        decode_slots=torch.tensor(padded, dtype=torch.long, device=device).reshape(
+            len(padded), width
+        ),
+        decode_mask=mask.to(device)[:, None, None, :],
+        prefills=prefills,
+    )
+
+
+class KVCache:
+    """K and V of every layer, as `num_blocks * block_size` slots of [kv_heads, head_dim]."""
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        num_blocks: int,
+        block_size: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (num_blocks * block_size, config.num_key_value_heads, config.head_dim)
+        self.k = [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
+        ]
+        self.v = [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
+        ]
+
+    @property
+    def bytes_per_block(self) -> int:
+        k = self.k[0]
+        return 2 * len(self.k) * self.block_size * k.shape[1] * k.shape[2] * k.element_size()
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    qkv: torch.Tensor
+    o: torch.Tensor
+    ln2: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaModel:
+    def __init__(
+        self,
+        config: LlamaConfig,
+        tensors: dict[str, torch.Tensor],
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        fingerprint: str = "",
+    ) -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.fingerprint = fingerprint
+
+        def w(name: str) -> torch.Tensor:
+            return tensors[name].to(device=self.device, dtype=dtype)
+
+        self.embed = w("model.embed_tokens.weight")
+        self.layers = []
+        for n in range(config.num_hidden_layers):
+            p = f"model.layers.{n}."
+            self.layers.append(
+                _Layer(
+                    ln1=w(p + "input_layernorm.weight"),
+                    qkv=torch.cat(
+                        [w(p + f"self_attn.{x}_proj.weight") for x in ("q", "k", "v")]
+                    ).contiguous(),
+                    o=w(p + "self_attn.o_proj.weight"),
+                    ln2=w(p + "post_attention_layernorm.weight"),
+                    gate_up=torch.cat(
+                        [w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]
+                    ).contiguous(),
+                    down=w(p + "mlp.down_proj.weight"),
+                )
+            )
+        self.norm = w("model.norm.weight")
+        self.lm_head = self.embed if config.tie_word_embeddings else w("lm_head.weight")
+        hd = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+        pos = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+        freqs = torch.outer(pos, inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos().to(self.device, dtype)
+        self.sin = emb.sin().to(self.device, dtype)
+        self.q_size = config.num_attention_heads * hd
+        self.kv_size = config.num_key_value_heads * hd
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+        return weight * x32.to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos = self.cos[positions][:, None, :]
+        sin = self.sin[positions][:, None, :]
+        return x * cos + _rotate_half(x) * sin
+
+    @torch.inference_mode()
+    def forward(
+        self, batch: ForwardBatch, cache: KVCache, *, all_logits: bool = False
+    ) -> torch.Tensor:
+        """Logits [S, vocab] for each segment's last token (or [T, vocab] with all_logits)."""
+        cfg = self.config
+        hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        x = self.embed[batch.token_ids]
+        n_tokens = x.shape[0]
+        for i, layer in enumerate(self.layers):
+            h = self._norm(x, layer.ln1)
+            qkv = h @ layer.qkv.T
+            q = qkv[:, : self.q_size].view(n_tokens, nh, hd)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(n_tokens, nkv, hd)
+            v = qkv[:, self.q_size + self.kv_size :].view(n_tokens, nkv, hd)
+            q = self._rope(q, batch.positions)
+            k = self._rope(k, batch.positions)
+            kc, vc = cache.k[i], cache.v[i]
+            kc[batch.slot_mapping] = k
+            vc[batch.slot_mapping] = v
+            out = torch.empty_like(q)
+            if batch.decode_rows.numel():
+                qd = q[batch.decode_rows][:, :, None, :]  # [D, nh, 1, hd]
+                kd = kc[batch.decode_slots].transpose(1, 2)  # [D, nkv, L, hd]
+                vd = vc[batch.decode_slots].transpose(1, 2)
+                od = F.scaled_dot_product_attention(
+                    qd, kd, vd, attn_mask=batch.decode_mask, enable_gqa=nkv != nh
+                )
+                out[batch.decode_rows] = od[:, :, 0, :]
+            for rows, slots, mask in batch.prefills:
+                qp = q[rows].transpose(0, 1)[None]  # [1, nh, n, hd]
+                kp = kc[slots].transpose(0, 1)[None]  # [1, nkv, L, hd]
+                vp = vc[slots].transpose(0, 1)[None]
+                op = F.scaled_dot_product_attention(
+                    qp, kp, vp, attn_mask=mask, enable_gqa=nkv != nh
+                )
+                out[rows] = op[0].transpose(0, 1)
+            x = x + out.reshape(n_tokens, self.q_size) @ layer.o.T
+            h = self._norm(x, layer.ln2)
+            gu = h @ layer.gate_up.T
+            inter = gu.shape[-1] // 2
+            x = x + (F.silu(gu[:, :inter]) * gu[:, inter:]) @ layer.down.T
+        if not all_logits:
+            x = x[batch.last_index]
+        return (self._norm(x, self.norm) @ self.lm_head.T).float()
+
+    def reference_logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Logits for every position of one sequence, through a throwaway cache."""
+        n = int(token_ids.numel())
+        block = 16
+        blocks = (n + block - 1) // block
+        cache = KVCache(self.config, blocks, block, dtype=self.dtype, device=self.device)
+        seg = Segment(token_ids.tolist(), 0, list(range(blocks)))
+        return self.forward(build_batch([seg], block, self.device), cache, all_logits=True)

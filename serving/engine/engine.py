@@ -47,7 +47,7 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
 
 
-@dataclass
+@dataclass(eq=False)  # identity: sequences are compared and removed by who they are
 class Sequence:
     id: str
     tenant: str
@@ -304,12 +304,16 @@ class Engine:
             batch = build_batch(segments, self.block_size, model.device)
             logits = model.forward(batch, self.cache)
             now = time.monotonic()
+            greedy = logits.argmax(dim=-1).tolist()  # one op for every greedy row
             for row, seq in enumerate(group):
                 seq.num_computed = len(seq.tokens)
                 self._register_full_blocks(seq)
                 if self.keep_logits:
                     seq.logits.append(logits[row].clone())
-                token = self._sample(seq, logits[row])
+                if seq.params.temperature == 0:
+                    token = greedy[row]
+                else:
+                    token = self._sample(seq, logits[row])
                 seq.output_ids.append(token)
                 seq.token_times.append(now)
                 if seq.first_token_at is None:

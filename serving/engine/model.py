@@ -32,14 +32,21 @@ class ForwardBatch:
     last_index: torch.Tensor  # [S] index in T of each segment's last token
     # decode segments (one new token each), attended together
     decode_rows: torch.Tensor  # [D] rows in T
-    decode_slots: torch.Tensor  # [D, Lmax] cache slots of each context (padded)
-    decode_mask: torch.Tensor  # [D, 1, 1, Lmax] bool
-    # prefill segments, attended one by one: (rows slice, context slots, causal mask)
+    decode_tables: torch.Tensor  # [D, Bmax] block ids of each context (padded)
+    decode_mask: torch.Tensor  # [D, 1, 1, Bmax * block_size] additive
+    # prefill segments, attended one by one: (rows slice, context blocks, causal mask)
     prefills: list[tuple[slice, torch.Tensor, torch.Tensor]]
 
 
-def _slots(block_table: list[int], length: int, block_size: int) -> list[int]:
-    return [block_table[p // block_size] * block_size + p % block_size for p in range(length)]
+def _padded_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:
+    width = max(len(t) for t in tables)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long).to(device)
+
+
+def _additive_mask(allowed: torch.Tensor) -> torch.Tensor:
+    """0 where attention is allowed, -inf elsewhere (built once per pass, not per layer)."""
+    mask = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device)
+    return mask.masked_fill_(~allowed, float("-inf"))
 
 
 def build_batch(segments: list[Segment], block_size: int, device: torch.device) -> ForwardBatch:
@@ -48,45 +55,53 @@ def build_batch(segments: list[Segment], block_size: int, device: torch.device) 
     slot_mapping: list[int] = []
     last: list[int] = []
     decode_rows: list[int] = []
-    decode_ctx: list[list[int]] = []
+    decode_tables: list[list[int]] = []
+    decode_lengths: list[int] = []
     prefills: list[tuple[slice, torch.Tensor, torch.Tensor]] = []
     for seg in segments:
         n = len(seg.token_ids)
         row = len(ids)
         end = seg.start_pos + n
-        ctx = _slots(seg.block_table, end, block_size)
         ids.extend(seg.token_ids)
         positions.extend(range(seg.start_pos, end))
-        slot_mapping.extend(ctx[seg.start_pos :])
+        table = seg.block_table
+        slot_mapping.extend(
+            table[p // block_size] * block_size + p % block_size
+            for p in range(seg.start_pos, end)
+        )
         last.append(row + n - 1)
+        used = -(-end // block_size)
         if n == 1:
             decode_rows.append(row)
-            decode_ctx.append(ctx)
+            decode_tables.append(table[:used])
+            decode_lengths.append(end)
         else:
+            blocks = _padded_tables([table[:used]], device)[0]
             q_pos = torch.arange(seg.start_pos, end, device=device)
-            k_pos = torch.arange(end, device=device)
-            mask = k_pos[None, :] <= q_pos[:, None]
-            prefills.append(
-                (slice(row, row + n), torch.tensor(ctx, dtype=torch.long, device=device), mask)
-            )
-    width = max((len(c) for c in decode_ctx), default=0)
-    padded = [c + [0] * (width - len(c)) for c in decode_ctx]
-    lengths = torch.tensor([len(c) for c in decode_ctx], dtype=torch.long)
-    mask = torch.arange(width)[None, :] < lengths[:, None]
+            k_pos = torch.arange(used * block_size, device=device)
+            mask = _additive_mask(k_pos[None, :] <= q_pos[:, None])
+            prefills.append((slice(row, row + n), blocks, mask))
 
     def t(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
+    if decode_tables:
+        tables = _padded_tables(decode_tables, device)
+        width = tables.shape[1] * block_size
+        lengths = torch.tensor(decode_lengths, dtype=torch.long, device=device)
+        allowed = torch.arange(width, device=device)[None, :] < lengths[:, None]
+        decode_mask = _additive_mask(allowed)
+    else:
+        tables = torch.zeros((0, 0), dtype=torch.long, device=device)
+        decode_mask = torch.zeros((0, 0), dtype=torch.float32, device=device)
     return ForwardBatch(
         token_ids=t(ids),
         positions=t(positions),
         slot_mapping=t(slot_mapping),
         last_index=t(last),
         decode_rows=t(decode_rows),
-        decode_slots=torch.tensor(padded, dtype=torch.long, device=device).reshape(
-            len(padded), width
-        ),
-        decode_mask=mask.to(device)[:, None, None, :],
+        decode_tables=tables,
+        decode_mask=decode_mask[:, None, None, :],
         prefills=prefills,
     )
 
@@ -181,16 +196,14 @@ class LlamaModel:
         self.sin = emb.sin().to(self.device, dtype)
         self.q_size = config.num_attention_heads * hd
         self.kv_size = config.num_key_value_heads * hd
+        self.eps = config.rms_norm_eps
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * x32.to(x.dtype)
-
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
-        return x * cos + _rotate_half(x) * sin
 
     @torch.inference_mode()
     def forward(
@@ -199,32 +212,43 @@ class LlamaModel:
         """Logits [S, vocab] for each segment's last token (or [T, vocab] with all_logits)."""
         cfg = self.config
         hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        x = self.embed[batch.token_ids]
+        x = self.embed.index_select(0, batch.token_ids)
         n_tokens = x.shape[0]
+        # once per pass, shared by every layer
+        cos = self.cos.index_select(0, batch.positions)[:, None, :]
+        sin = self.sin.index_select(0, batch.positions)[:, None, :]
+        bs = cache.block_size
+        pure_decode = not batch.prefills  # every segment is one token: rows are in order
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.ln1)
             qkv = h @ layer.qkv.T
-            q = qkv[:, : self.q_size].view(n_tokens, nh, hd)
-            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(n_tokens, nkv, hd)
+            qk = qkv[:, : self.q_size + self.kv_size].view(n_tokens, nh + nkv, hd)
+            qk = qk * cos + _rotate_half(qk) * sin  # RoPE on q and k in one go
+            q, k = qk[:, :nh], qk[:, nh:]
             v = qkv[:, self.q_size + self.kv_size :].view(n_tokens, nkv, hd)
-            q = self._rope(q, batch.positions)
-            k = self._rope(k, batch.positions)
             kc, vc = cache.k[i], cache.v[i]
             kc[batch.slot_mapping] = k
             vc[batch.slot_mapping] = v
-            out = torch.empty_like(q)
+            kb = kc.view(-1, bs, nkv, hd)  # gather whole blocks: few indices, long copies
+            vb = vc.view(-1, bs, nkv, hd)
+            out = q if pure_decode else torch.empty_like(q)
             if batch.decode_rows.numel():
-                qd = q[batch.decode_rows][:, :, None, :]  # [D, nh, 1, hd]
-                kd = kc[batch.decode_slots].transpose(1, 2)  # [D, nkv, L, hd]
-                vd = vc[batch.decode_slots].transpose(1, 2)
+                qd = (q if pure_decode else q[batch.decode_rows])[:, :, None, :]  # [D,nh,1,hd]
+                n_dec = batch.decode_tables.shape[0]
+                flat = batch.decode_tables.view(-1)  # index_select: ~2x advanced indexing
+                kd = kb.index_select(0, flat).view(n_dec, -1, nkv, hd).transpose(1, 2)
+                vd = vb.index_select(0, flat).view(n_dec, -1, nkv, hd).transpose(1, 2)
                 od = F.scaled_dot_product_attention(
                     qd, kd, vd, attn_mask=batch.decode_mask, enable_gqa=nkv != nh
                 )
-                out[batch.decode_rows] = od[:, :, 0, :]
-            for rows, slots, mask in batch.prefills:
+                if pure_decode:
+                    out = od[:, :, 0, :]
+                else:
+                    out[batch.decode_rows] = od[:, :, 0, :]
+            for rows, blocks, mask in batch.prefills:
                 qp = q[rows].transpose(0, 1)[None]  # [1, nh, n, hd]
-                kp = kc[slots].transpose(0, 1)[None]  # [1, nkv, L, hd]
-                vp = vc[slots].transpose(0, 1)[None]
+                kp = kb.index_select(0, blocks).view(-1, nkv, hd).transpose(0, 1)[None]
+                vp = vb.index_select(0, blocks).view(-1, nkv, hd).transpose(0, 1)[None]
                 op = F.scaled_dot_product_attention(
                     qp, kp, vp, attn_mask=mask, enable_gqa=nkv != nh
                 )

@@ -129,7 +129,10 @@ class Engine:
         tenant: str = "default",
         request_id: str | None = None,
         salted: bool = True,
+        cache_salt: bytes | None = None,
     ) -> Sequence:
+        """Queue a request. `cache_salt` is the tenant's server-derived prefix-cache salt
+        (default: HMAC of this engine's secret and `tenant`); callers never pass a client's."""
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         params = params or SamplingParams()
@@ -144,7 +147,9 @@ class Engine:
             raise EngineFull(
                 f"needs {need} KV blocks, tenant {tenant!r} may hold {self.pool.quota(tenant)}"
             )
-        salt = tenant_cache_salt(self.cache_secret, tenant) if salted else b""
+        if cache_salt is None:
+            cache_salt = tenant_cache_salt(self.cache_secret, tenant)
+        salt = cache_salt if salted else b""
         seed = hashlib.sha256(salt + self.model.fingerprint.encode()).digest()
         seq = Sequence(
             id=request_id or f"req-{next(self._ids)}",

@@ -66,8 +66,7 @@ def build_batch(segments: list[Segment], block_size: int, device: torch.device) 
         positions.extend(range(seg.start_pos, end))
         table = seg.block_table
         slot_mapping.extend(
-            table[p // block_size] * block_size + p % block_size
-            for p in range(seg.start_pos, end)
+            table[p // block_size] * block_size + p % block_size for p in range(seg.start_pos, end)
         )
         last.append(row + n - 1)
         used = -(-end // block_size)

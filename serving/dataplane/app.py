@@ -1,0 +1,482 @@
+"""The Ray Serve applications the portal deploys (see serving.control.compile):
+
+* a router application per portal deployment (ingress on `route_prefix`): checks the tenant's
+  inference key, guards the input, splits traffic stable/canary, keeps `X-AB-Group` and
+  `traceparent`, trips a circuit breaker per version, answers OpenAI-style;
+* a version application per slot (`stable`, `canary`) running the engine; which weights it
+  serves is user_config, so a new version of the same architecture is hot-reloaded beside the
+  old weights and swapped without restarting the replica.
+
+Everything the portal changes at run time (weights, keys, traffic split, faults, quotas) is
+user_config: Serve calls `reconfigure()` on live replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import random
+import secrets
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from serving.dataplane import openai
+from serving.dataplane.breaker import BreakerConfig, CircuitBreaker
+from serving.dataplane.guard import GuardConfig, Refused, check_lengths, parse_body
+from serving.dataplane.keys import bearer, key_matches
+from serving.dataplane.lifecycle import (
+    COMPLETED,
+    EXECUTING,
+    FAILED,
+    ROUTING,
+    VALIDATING,
+    Lifecycle,
+    RecentRequests,
+)
+from serving.dataplane.sli import SliRecorder, publish
+from serving.dataplane.traffic import choose_group, continue_trace
+
+logger = logging.getLogger("ray.serve")
+
+
+def _replica_id() -> str:
+    try:
+        return str(serve.get_replica_context().replica_id.unique_id)
+    except Exception:  # outside a replica (unit tests)
+        return f"pid-{os.getpid()}"
+
+
+class _Publisher:
+    """Publishes the replica's SLI window to Redis once a second."""
+
+    def __init__(self, recorder: SliRecorder, kv: Any) -> None:
+        self.recorder = recorder
+        self.kv = kv
+        self.redis_url: str | None = None
+        self.prefix = "portal"
+        self._redis: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    def configure(self, telemetry: dict[str, Any]) -> None:
+        url = telemetry.get("redis_url") or None
+        if url != self.redis_url:
+            self.redis_url, self._redis = url, None
+        self.prefix = telemetry.get("prefix", "portal")
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            snapshot = self.recorder.roll(kv=self.kv())
+            if not self.redis_url:
+                continue
+            try:
+                if self._redis is None:
+                    import redis.asyncio as aioredis
+
+                    self._redis = aioredis.Redis.from_url(self.redis_url)
+                await publish(self._redis, self.prefix, snapshot)
+            except Exception as exc:  # telemetry must never take inference down
+                logger.warning("SLI publish failed: %s", exc)
+                self._redis = None
+
+
+@serve.deployment(name="version")
+class VersionServer:
+    def __init__(self, app: str, group: str, engine: dict[str, Any], arch_key: str = "") -> None:
+        self.app, self.group = app, group
+        self.engine_options = engine
+        self.arch_key = arch_key  # changes only with the architecture: forces new replicas
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self.loaded: dict[str, Any] = {}
+        self.tenants: dict[str, dict[str, Any]] = {}
+        self.faults: dict[str, Any] = {}
+        self.reloads: list[dict[str, Any]] = []
+        self.recorder = SliRecorder(app, group, "", _replica_id())
+        self.publisher = _Publisher(self.recorder, self._kv_stats)
+        self._load_lock = asyncio.Lock()
+
+    def _kv_stats(self) -> dict[str, Any]:
+        return self.engine.metrics() if self.engine is not None else {}
+
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        self.faults = dict(config.get("faults") or {})
+        self.tenants = {
+            str(t): {"salt": bytes.fromhex(v["salt"]), "quota_blocks": v.get("quota_blocks")}
+            for t, v in (config.get("tenants") or {}).items()
+        }
+        self.publisher.configure(config.get("telemetry") or {})
+        artifact = config.get("artifact")
+        if artifact and artifact != self.loaded.get("artifact"):
+            async with self._load_lock:
+                await self._load(config)
+        if self.engine is not None:
+            quotas = {t: v["quota_blocks"] for t, v in self.tenants.items() if v["quota_blocks"]}
+            shared = config.get("kv_mode") == "shared"
+            self.engine.set_quotas(quotas, 0 if shared else None)
+
+    async def _load(self, config: dict[str, Any]) -> None:
+        """Load and validate the new weights beside the old ones, then swap atomically."""
+        started = time.time()
+        try:
+            model, tokenizer = await asyncio.to_thread(self._build_model, config)
+        except Exception as exc:
+            self.reloads.append(
+                {"artifact": config["artifact"], "ok": False, "error": str(exc), "at": started}
+            )
+            if self.engine is None:
+                raise  # nothing to fall back on: the replica cannot serve
+            logger.error("hot reload of %s failed, old weights keep serving: %s",
+                         config["artifact"], exc)  # fmt: skip
+            return
+        if self.engine is None:
+            from serving.engine.async_engine import AsyncEngine
+            from serving.engine.engine import Engine
+
+            opts = self.engine_options
+            self.engine = AsyncEngine(
+                Engine(
+                    model,
+                    num_blocks=int(opts.get("num_blocks", 256)),
+                    block_size=int(opts.get("block_size", 16)),
+                    max_num_seqs=int(opts.get("max_num_seqs", 32)),
+                )
+            )
+        else:
+            self.engine.swap_model(model)
+        self.tokenizer = tokenizer
+        self.loaded = {
+            "artifact": config["artifact"],
+            "version": config.get("version", ""),
+            "fingerprint": model.fingerprint,
+        }
+        self.recorder.version = str(config.get("version", ""))
+        self.reloads.append(
+            {"artifact": config["artifact"], "ok": True, "at": started, "s": time.time() - started}
+        )
+
+    def _build_model(self, config: dict[str, Any]) -> tuple[Any, Any]:
+        import torch
+
+        from serving.engine.checkpoint import load_tensors, load_tokenizer
+        from serving.engine.config import read_config
+        from serving.engine.model import LlamaModel
+
+        directory = Path(config["artifact"])
+        model_config = read_config(directory)
+        device = "cuda" if self.engine_options.get("gpu") and torch.cuda.is_available() else "cpu"
+        fingerprint = config.get("fingerprint") or config["artifact"]
+        model = LlamaModel(
+            model_config, load_tensors(directory, model_config), device=device,
+            fingerprint=fingerprint,
+        )  # fmt: skip
+        tokenizer = load_tokenizer(directory)
+        logits = model.reference_logits(torch.tensor(tokenizer.encode("ready?").ids or [0]))
+        if not torch.isfinite(logits).all():
+            raise ValueError("test forward pass of the new weights gave non-finite logits")
+        return model, tokenizer
+
+    async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        from serving.engine.engine import SamplingParams
+
+        if self.engine is None:
+            raise Refused(503, "not_ready", "this version has no weights loaded yet")
+        started = time.time()
+        tenant = str(request["tenant"])
+        salt = self.tenants.get(tenant, {}).get("salt")
+        if salt is None:
+            raise Refused(403, "tenant_not_allowed", "this tenant may not use this version")
+        prompt_ids = self.tokenizer.encode(request["prompt"]).ids
+        sampling = request["sampling"]
+        guard = GuardConfig.from_dict(request.get("guard"))
+        ok, first_at, times, out_ids = False, None, [], []
+        try:
+            check_lengths(len(prompt_ids), sampling["max_tokens"], guard)
+            await self._inject_faults()
+            params = SamplingParams(
+                max_tokens=sampling["max_tokens"],
+                temperature=sampling["temperature"],
+                top_p=sampling["top_p"],
+                seed=sampling.get("seed"),
+            )
+            yield {
+                "type": "start",
+                "prompt_tokens": len(prompt_ids),
+                "version": self.loaded.get("version"),
+                "fingerprint": self.loaded.get("fingerprint"),
+                "pid": os.getpid(),
+            }
+            text = ""
+            reason = None
+            async for event in self.engine.generate(
+                prompt_ids, params, tenant=tenant, request_id=request["request_id"],
+                cache_salt=salt,
+            ):  # fmt: skip
+                out_ids.append(event.token_id)
+                times.append(event.at)
+                first_at = first_at or event.at
+                full = self.tokenizer.decode(out_ids)
+                if not full.endswith("\ufffd") or event.finished:
+                    delta, text = full[len(text) :], full
+                    if delta:
+                        yield {"type": "token", "text": delta}
+                reason = event.finish_reason
+            ok = True
+            yield {
+                "type": "end",
+                "finish_reason": reason,
+                "usage": {
+                    "prompt_tokens": len(prompt_ids),
+                    "completion_tokens": len(out_ids),
+                    "total_tokens": len(prompt_ids) + len(out_ids),
+                },
+            }
+        except Refused as exc:
+            self.recorder.current.record(
+                latency_s=time.time() - started, ok=False, client_error=exc.status < 500
+            )
+            raise
+        finally:
+            if ok or out_ids:
+                gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+                self.recorder.current.record(
+                    latency_s=time.time() - started,
+                    ok=ok,
+                    ttft_s=(first_at - started) if first_at else None,
+                    itl_s=gaps,
+                    tokens_in=len(prompt_ids),
+                    tokens_out=len(out_ids),
+                )
+
+    async def _inject_faults(self) -> None:
+        """Faults a chaos drill switched on through user_config."""
+        latency_ms = float(self.faults.get("latency_ms", 0) or 0)
+        if latency_ms > 0:
+            await asyncio.sleep(latency_ms / 1000.0)
+        error_rate = float(self.faults.get("error_rate", 0) or 0)
+        if error_rate > 0 and random.random() < error_rate:  # noqa: S311 (fault injection)
+            raise RuntimeError("injected fault: error_rate")
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "replica": self.recorder.replica,
+            "loaded": self.loaded,
+            "reloads": self.reloads[-10:],
+            "kv": self._kv_stats(),
+            "last_window": self.recorder.last,
+        }
+
+
+@serve.deployment(name="router")
+class Router:
+    def __init__(self) -> None:
+        self.config: dict[str, Any] = {}
+        self.groups: dict[str, dict[str, Any]] = {}
+        self.handles: dict[str, Any] = {}
+        self.breakers: dict[str, CircuitBreaker] = {}
+        self.recent = RecentRequests()
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.groups = dict(config.get("groups") or {})
+        self.guard = GuardConfig.from_dict(config.get("guard"))
+        breaker_config = BreakerConfig.from_dict(config.get("breaker"))
+        breakers = {}
+        for name, group in self.groups.items():
+            key = f"{group.get('app')}@{group.get('version')}"
+            current = self.breakers.get(key)
+            if current is None or current.config != breaker_config:
+                current = CircuitBreaker(breaker_config)
+            breakers[key] = current
+            if name not in self.handles or self.handles[name][0] != group["app"]:
+                handle = serve.get_deployment_handle("version", app_name=group["app"])
+                self.handles[name] = (group["app"], handle)
+        self.breakers = breakers
+        self.handles = {n: h for n, h in self.handles.items() if n in self.groups}
+
+    def _breaker(self, group: str) -> CircuitBreaker:
+        info = self.groups[group]
+        return self.breakers[f"{info.get('app')}@{info.get('version')}"]
+
+    async def __call__(self, request: Request) -> Response:
+        root = request.scope.get("root_path", "")
+        path = request.url.path[len(root) :] if request.url.path.startswith(root) else ""
+        trace = continue_trace(request.headers.get("traceparent"))
+        request_id = request.headers.get("x-request-id") or f"req-{secrets.token_hex(8)}"
+        headers = {"traceparent": trace.header, "x-request-id": request_id}
+        key_ok = key_matches(
+            bearer(request.headers.get("authorization")), self.config.get("key_hashes", [])
+        )
+        if path.rstrip("/") == "/v1/models" and request.method == "GET" and key_ok:
+            return JSONResponse(self._models(), headers=headers)
+        life = Lifecycle(request_id)
+        self.recent.add(life)
+        try:
+            life.to(VALIDATING)
+            if not key_ok:
+                raise Refused(401, "invalid_api_key", "missing or unknown inference key")
+            kind = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}.get(
+                path.rstrip("/")
+            )
+            if kind is None or request.method != "POST":
+                raise Refused(404, "not_found", f"no route {request.method} {path or '/'}")
+            body = parse_body(await request.body(), self.guard)
+            sampling = openai.sampling_fields(body)
+            check_lengths(0, sampling["max_tokens"], self.guard)
+            prompt = openai.prompt_of(kind, body)
+            life.to(ROUTING)
+            group = self._route(request.headers.get("x-ab-group"))
+            life.group = group
+            headers["x-ab-group"] = group
+            headers["x-model-version"] = str(self.groups[group].get("version", ""))
+            payload = {
+                "request_id": request_id,
+                "tenant": self.config.get("tenant"),
+                "prompt": prompt,
+                "sampling": sampling,
+                "guard": self.config.get("guard") or {},
+                "traceparent": trace.child().header,
+            }
+            life.to(EXECUTING)
+            stream = self.handles[group][1].options(stream=True).generate.remote(payload)
+            model = str(self.config.get("deployment", "model"))
+            if sampling["stream"]:
+                first = await stream.__anext__()  # surfaces refusals before the 200
+                return StreamingResponse(
+                    self._sse(kind, request_id, model, group, first, stream, life),
+                    media_type="text/event-stream",
+                    headers=headers,
+                )
+            text, reason, usage = "", None, {}
+            async for event in stream:
+                if event["type"] == "token":
+                    text += event["text"]
+                elif event["type"] == "end":
+                    reason, usage = event["finish_reason"], event["usage"]
+            self._breaker(group).record(True)
+            life.to(COMPLETED)
+            return JSONResponse(
+                openai.completion_body(kind, request_id, model, text, reason, usage),
+                headers=headers,
+            )
+        except Refused as exc:
+            return self._fail(life, exc, headers)
+        except Exception as exc:  # the version failed: counts against its breaker
+            refused = _unwrap_refused(exc)
+            if refused is not None:
+                return self._fail(life, refused, headers)
+            if life.group is not None:
+                self._breaker(life.group).record(False)
+            upstream = Refused(502, "upstream_error", f"model version failed: {_short(exc)}")
+            return self._fail(life, upstream, headers)
+
+    def _fail(self, life: Lifecycle, exc: Refused, headers: dict[str, str]) -> Response:
+        if not life.done:
+            life.to(FAILED, error=exc.message)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    def _route(self, requested: str | None) -> str:
+        if "stable" not in self.groups:
+            raise Refused(503, "no_version", "this deployment has no version to serve")
+        percent = float(self.config.get("canary_percent", 0))
+        group = choose_group(percent, requested, has_canary="canary" in self.groups)
+        if self._breaker(group).allow():
+            return group
+        other = "stable" if group == "canary" else "canary"
+        if other in self.groups and self._breaker(other).allow():
+            return other
+        raise Refused(503, "circuit_open", f"the {group} version's circuit breaker is open")
+
+    async def _sse(
+        self,
+        kind: str,
+        request_id: str,
+        model: str,
+        group: str,
+        first: dict[str, Any],
+        stream: Any,
+        life: Lifecycle,
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for event in _chain(first, stream):
+                if event["type"] == "token":
+                    yield openai.chunk_event(kind, request_id, model, event["text"], None)
+                elif event["type"] == "end":
+                    yield openai.chunk_event(kind, request_id, model, "", event["finish_reason"])
+            yield openai.DONE
+            self._breaker(group).record(True)
+            life.to(COMPLETED)
+        except Exception as exc:
+            self._breaker(group).record(False)
+            life.to(FAILED, error=_short(exc))
+            error = Refused(502, "upstream_error", f"model version failed: {_short(exc)}")
+            yield f"data: {json.dumps(error.body())}\n\n".encode()
+
+    def _models(self) -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {"id": str(self.config.get("deployment")), "object": "model",
+                 "version": g.get("version"), "group": name}
+                for name, g in self.groups.items()
+            ],
+        }  # fmt: skip
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "breakers": {n: self._breaker(n).snapshot() for n in self.groups},
+            "recent": self.recent.snapshot()[-50:],
+            "config_digest": hashlib.sha256(repr(sorted(self.config)).encode()).hexdigest()[:12],
+        }
+
+
+async def _chain(first: dict[str, Any], rest: Any) -> AsyncIterator[dict[str, Any]]:
+    yield first
+    async for item in rest:
+        yield item
+
+
+def _unwrap_refused(exc: BaseException) -> Refused | None:
+    """A Refused raised inside the version replica arrives wrapped by Ray."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, Refused):
+            return seen
+        cause = getattr(seen, "cause", None)
+        seen = cause if isinstance(cause, BaseException) else seen.__cause__
+    return None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[-1] if text else type(exc).__name__)[:300]
+
+
+def build_router(args: dict[str, Any]) -> Any:
+    """Application builder for `serving.dataplane.app:build_router`."""
+    return Router.bind()  # type: ignore[attr-defined]  # serve.deployment wraps the class
+
+
+def build_version(args: dict[str, Any]) -> Any:
+    """Application builder for `serving.dataplane.app:build_version`."""
+    return VersionServer.bind(  # type: ignore[attr-defined]
+        app=str(args["app"]),
+        group=str(args.get("group", "stable")),
+        engine=dict(args.get("engine") or {}),
+        arch_key=str(args.get("arch_key", "")),
+    )

@@ -1,0 +1,106 @@
+"""OpenAI-compatible request parsing and response shapes (completions, chat completions,
+server-sent events)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from serving.dataplane.guard import Refused
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise Refused(400, "invalid_parameter", f"{name} must be a number in [{low}, {high}]")
+    return float(value)
+
+
+def sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
+    max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 16))
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise Refused(400, "invalid_parameter", "max_tokens must be a positive integer")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise Refused(400, "invalid_parameter", "seed must be an integer")
+    return {
+        "max_tokens": max_tokens,
+        "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
+        "top_p": _number(body, "top_p", 1.0, 1e-9, 1.0),
+        "seed": seed,
+        "stream": bool(body.get("stream", False)),
+    }
+
+
+def prompt_of(kind: str, body: dict[str, Any]) -> str:
+    if kind == "completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise Refused(400, "invalid_parameter", "prompt must be a non-empty string")
+        return prompt
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise Refused(400, "invalid_parameter", "messages must be a non-empty list")
+    lines = []
+    for index, message in enumerate(messages):
+        if (
+            not isinstance(message, dict)
+            or message.get("role") not in ("system", "user", "assistant")
+            or not isinstance(message.get("content"), str)
+        ):
+            raise Refused(
+                400,
+                "invalid_parameter",
+                f"messages[{index}] needs a role (system, user, assistant) and string content",
+            )
+        lines.append(f"{message['role']}: {message['content']}")
+    return "\n".join(lines) + "\nassistant:"
+
+
+def completion_body(
+    kind: str, request_id: str, model: str, text: str, reason: str | None, usage: dict[str, int]
+) -> dict[str, Any]:
+    created = int(time.time())
+    if kind == "completions":
+        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": reason}
+        obj = "text_completion"
+    else:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": reason,
+        }
+        obj = "chat.completion"
+    return {
+        "id": request_id,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage,
+    }
+
+
+def chunk_event(kind: str, request_id: str, model: str, text: str, reason: str | None) -> bytes:
+    if kind == "completions":
+        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": reason}
+        obj = "text_completion"
+    else:
+        choice = {"index": 0, "delta": {"content": text}, "finish_reason": reason}
+        obj = "chat.completion.chunk"
+    payload = {
+        "id": request_id,
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+    }
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,131 @@
+"""SLI windows kept by every replica and published to Redis once a second.
+
+A window counts requests, errors, tokens and histograms of latency, time to first token and
+inter-token latency (fixed bucket bounds in ms, so windows of replicas add up exactly).
+Published as one JSON value per replica in the hash `<prefix>:sli:<app>:<group>`, which the
+portal's health check reads for every deployment in one pipelined round trip.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)  # + overflow bucket
+
+
+def _histogram() -> list[int]:
+    return [0] * (len(BOUNDS_MS) + 1)
+
+
+def _observe(histogram: list[int], seconds: float) -> None:
+    histogram[bisect.bisect_left(BOUNDS_MS, seconds * 1000.0)] += 1
+
+
+def quantile(histogram: list[int], q: float) -> float | None:
+    """Upper bound (ms) of the bucket holding quantile q; None for an empty histogram."""
+    total = sum(histogram)
+    if total == 0:
+        return None
+    rank = q * total
+    seen = 0
+    for index, count in enumerate(histogram):
+        seen += count
+        if seen >= rank and count:
+            return float(BOUNDS_MS[index]) if index < len(BOUNDS_MS) else float("inf")
+    return float("inf")
+
+
+@dataclass
+class SliWindow:
+    started: float = field(default_factory=time.time)
+    requests: int = 0
+    errors: int = 0  # the version's fault (5xx, engine failures)
+    rejected: int = 0  # the client's fault (4xx)
+    tokens_in: int = 0
+    tokens_out: int = 0
+    latency: list[int] = field(default_factory=_histogram)
+    ttft: list[int] = field(default_factory=_histogram)
+    itl: list[int] = field(default_factory=_histogram)
+
+    def record(
+        self,
+        *,
+        latency_s: float,
+        ok: bool,
+        client_error: bool = False,
+        ttft_s: float | None = None,
+        itl_s: list[float] | None = None,
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+    ) -> None:
+        self.requests += 1
+        if client_error:
+            self.rejected += 1
+        elif not ok:
+            self.errors += 1
+        _observe(self.latency, latency_s)
+        if ttft_s is not None:
+            _observe(self.ttft, ttft_s)
+        for gap in itl_s or ():
+            _observe(self.itl, gap)
+        self.tokens_in += tokens_in
+        self.tokens_out += tokens_out
+
+    def as_dict(self, ended: float | None = None) -> dict[str, Any]:
+        ended = ended or time.time()
+        return {
+            "start": round(self.started, 3),
+            "end": round(ended, 3),
+            "requests": self.requests,
+            "errors": self.errors,
+            "rejected": self.rejected,
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+            "latency_ms": self.latency,
+            "ttft_ms": self.ttft,
+            "itl_ms": self.itl,
+            "bounds_ms": list(BOUNDS_MS),
+        }
+
+
+class SliRecorder:
+    """The current window plus the last closed one; `roll()` closes the current window."""
+
+    def __init__(self, app: str, group: str, version: str, replica: str) -> None:
+        self.app, self.group, self.version, self.replica = app, group, version, replica
+        self.current = SliWindow()
+        self.last: dict[str, Any] | None = None
+
+    def roll(self, kv: dict[str, Any] | None = None) -> dict[str, Any]:
+        now = time.time()
+        window = self.current.as_dict(now)
+        self.current = SliWindow(started=now)
+        self.last = {
+            "app": self.app,
+            "group": self.group,
+            "version": self.version,
+            "replica": self.replica,
+            "pid": os.getpid(),
+            "window": window,
+            "kv": kv or {},
+        }
+        return self.last
+
+
+def sli_key(prefix: str, app: str, group: str) -> str:
+    return f"{prefix}:sli:{app}:{group}"
+
+
+async def publish(redis: Any, prefix: str, snapshot: dict[str, Any], ttl_s: int = 10) -> None:
+    key = sli_key(prefix, snapshot["app"], snapshot["group"])
+    payload = json.dumps(snapshot, separators=(",", ":"))
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hset(key, snapshot["replica"], payload)
+        pipe.expire(key, ttl_s)
+        pipe.publish(f"{prefix}:sli", payload)
+        await pipe.execute()

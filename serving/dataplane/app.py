@@ -314,8 +314,9 @@ class Router:
         root = request.scope.get("root_path", "")
         path = request.url.path[len(root) :] if request.url.path.startswith(root) else ""
         trace = continue_trace(request.headers.get("traceparent"))
+        # Serve's proxy assigns x-request-id and echoes it in the response itself.
         request_id = request.headers.get("x-request-id") or f"req-{secrets.token_hex(8)}"
-        headers = {"traceparent": trace.header, "x-request-id": request_id}
+        headers = {"traceparent": trace.header}
         key_ok = key_matches(
             bearer(request.headers.get("authorization")), self.config.get("key_hashes", [])
         )

@@ -1,0 +1,193 @@
+"""Compile the desired state of every active deployment into one Ray Serve declarative config.
+
+Per portal deployment, three Serve applications:
+
+* `<key>`: the router (ingress on `/<tenant-slug>/<deployment>`), user_config = keys, split,
+  guard, breaker;
+* `<key>--stable` and `<key>--canary`: version servers without HTTP routes, user_config =
+  which weights (artifact, fingerprint), the tenant's cache salt and block quota, faults.
+
+Everything a rollout or rollback changes lives in user_config, so Serve reconfigures live
+replicas instead of restarting them. Only replica shape (count, CPUs/GPUs, engine sizes,
+architecture) changes deployment options or init args, which Serve rolls out with new
+replicas. The output is deterministic: same desired state, byte-identical config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ROUTER_IMPORT = "serving.dataplane.app:build_router"
+VERSION_IMPORT = "serving.dataplane.app:build_version"
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """One version slot (stable or canary) of a deployment."""
+
+    version: str
+    artifact: str
+    fingerprint: str
+    arch_key: str
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    tenant_id: str
+    tenant_slug: str
+    name: str
+    revision: int
+    stable: SlotSpec
+    canary: SlotSpec | None = None
+    canary_percent: float = 0.0
+    num_replicas: int | None = 1
+    autoscaling: dict[str, Any] | None = None  # min_replicas, max_replicas, target_ongoing_requests
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    max_ongoing_requests: int = 16
+    kv_mode: str = "dedicated"
+    kv_blocks: int = 256
+    block_size: int = 16
+    max_num_seqs: int = 16
+    quota_blocks: int | None = None
+    cache_salt_hex: str = ""
+    key_hashes: tuple[str, ...] = ()
+    guard: dict[str, Any] = field(default_factory=dict)
+    breaker: dict[str, Any] = field(default_factory=dict)
+    faults: dict[str, Any] = field(default_factory=dict)
+    router_replicas: int = 1
+
+    @property
+    def app_name(self) -> str:
+        return f"{self.tenant_slug}--{self.name}"
+
+    @property
+    def route_prefix(self) -> str:
+        return f"/{self.tenant_slug}/{self.name}"
+
+
+def _scaling(spec: DeploymentSpec) -> dict[str, Any]:
+    if spec.autoscaling:
+        keys = ("min_replicas", "max_replicas", "target_ongoing_requests", "initial_replicas")
+        config = {k: spec.autoscaling[k] for k in keys if k in spec.autoscaling}
+        return {"autoscaling_config": config}
+    return {"num_replicas": spec.num_replicas or 1}
+
+
+def _version_app(
+    spec: DeploymentSpec, group: str, slot: SlotSpec, telemetry: dict[str, Any]
+) -> dict[str, Any]:
+    app = f"{spec.app_name}--{group}"
+    return {
+        "name": app,
+        "route_prefix": None,
+        "import_path": VERSION_IMPORT,
+        "args": {
+            "app": spec.app_name,
+            "group": group,
+            "arch_key": slot.arch_key,
+            "engine": {
+                "num_blocks": spec.kv_blocks,
+                "block_size": spec.block_size,
+                "max_num_seqs": spec.max_num_seqs,
+                "gpu": spec.num_gpus > 0,
+            },
+        },
+        "deployments": [
+            {
+                "name": "version",
+                **_scaling(spec),
+                "max_ongoing_requests": spec.max_ongoing_requests,
+                "ray_actor_options": {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus},
+                "user_config": {
+                    "version": slot.version,
+                    "artifact": slot.artifact,
+                    "fingerprint": slot.fingerprint,
+                    "kv_mode": spec.kv_mode,
+                    "tenants": {
+                        spec.tenant_id: {
+                            "salt": spec.cache_salt_hex,
+                            "quota_blocks": spec.quota_blocks,
+                        }
+                    },
+                    "faults": dict(spec.faults.get(group, {})),
+                    "telemetry": telemetry,
+                },
+            }
+        ],
+    }
+
+
+def _router_app(spec: DeploymentSpec, telemetry: dict[str, Any]) -> dict[str, Any]:
+    groups = {"stable": spec.stable}
+    if spec.canary is not None:
+        groups["canary"] = spec.canary
+    return {
+        "name": spec.app_name,
+        "route_prefix": spec.route_prefix,
+        "import_path": ROUTER_IMPORT,
+        "args": {},
+        "deployments": [
+            {
+                "name": "router",
+                "num_replicas": spec.router_replicas,
+                "max_ongoing_requests": max(64, spec.max_ongoing_requests * 4),
+                "ray_actor_options": {"num_cpus": 0},
+                "user_config": {
+                    "tenant": spec.tenant_id,
+                    "deployment": spec.name,
+                    "revision": spec.revision,
+                    "key_hashes": sorted(spec.key_hashes),
+                    "canary_percent": spec.canary_percent if spec.canary is not None else 0,
+                    "groups": {
+                        name: {"app": f"{spec.app_name}--{name}", "version": slot.version}
+                        for name, slot in groups.items()
+                    },
+                    "guard": dict(spec.guard),
+                    "breaker": dict(spec.breaker),
+                    "telemetry": telemetry,
+                },
+            }
+        ],
+    }
+
+
+def compile_config(
+    specs: list[DeploymentSpec],
+    *,
+    http_host: str = "127.0.0.1",
+    http_port: int = 8001,
+    telemetry: dict[str, Any] | None = None,
+    runtime_env: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The whole Serve config: every active deployment, sorted by application name."""
+    telemetry = dict(telemetry or {})
+    applications: list[dict[str, Any]] = []
+    for spec in sorted(specs, key=lambda s: s.app_name):
+        applications.append(_router_app(spec, telemetry))
+        applications.append(_version_app(spec, "stable", spec.stable, telemetry))
+        if spec.canary is not None:
+            applications.append(_version_app(spec, "canary", spec.canary, telemetry))
+    if runtime_env:
+        for app in applications:
+            app["runtime_env"] = dict(runtime_env)
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": http_host, "port": http_port},
+        "applications": applications,
+    }
+
+
+def restart_free(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """True when `new` differs from `old` only in user_config: Serve reconfigures live
+    replicas and restarts none."""
+
+    def shape(config: dict[str, Any]) -> Any:
+        apps = []
+        for app in config.get("applications", []):
+            deps = [{k: v for k, v in d.items() if k != "user_config"} for d in app["deployments"]]
+            apps.append({**{k: v for k, v in app.items() if k != "deployments"}, "deps": deps})
+        return ({k: v for k, v in config.items() if k != "applications"}, apps)
+
+    return bool(shape(old) == shape(new))

@@ -1,0 +1,88 @@
+"""The compiled Serve config: valid for Serve's own schema, deterministic, and weights-only
+changes stay in user_config (so live replicas are reconfigured, never restarted)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ray.serve.schema import ServeDeploySchema
+
+from serving.control.compile import DeploymentSpec, SlotSpec, compile_config, restart_free
+
+STABLE = SlotSpec("v1", "/artifacts/a", "sha-a", "arch-1")
+CANARY = SlotSpec("v2", "/artifacts/b", "sha-b", "arch-1")
+
+
+def _spec(**changes: object) -> DeploymentSpec:
+    base = DeploymentSpec(
+        tenant_id="7",
+        tenant_slug="acme",
+        name="chat",
+        revision=1,
+        stable=STABLE,
+        canary=CANARY,
+        canary_percent=20,
+        key_hashes=("h2", "h1"),
+        cache_salt_hex="ab" * 32,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def test_config_is_valid_for_serve_and_deterministic() -> None:
+    config = compile_config([_spec(), _spec(tenant_slug="globex", tenant_id="8")])
+    ServeDeploySchema.model_validate(config)
+    names = [a["name"] for a in config["applications"]]
+    assert names == [
+        "acme--chat",
+        "acme--chat--stable",
+        "acme--chat--canary",
+        "globex--chat",
+        "globex--chat--stable",
+        "globex--chat--canary",
+    ]
+    router = config["applications"][0]
+    assert router["route_prefix"] == "/acme/chat"
+    assert config["applications"][1]["route_prefix"] is None  # versions: no HTTP route
+    assert router["deployments"][0]["user_config"]["key_hashes"] == ["h1", "h2"]
+    assert config["http_options"]["host"] == "127.0.0.1"
+    assert compile_config([_spec()]) == compile_config([_spec()])
+
+
+def test_traffic_weights_keys_and_new_weights_are_user_config_only() -> None:
+    old = compile_config([_spec()])
+    for change in (
+        {"canary_percent": 50},
+        {"canary_percent": 0, "revision": 9},
+        {"key_hashes": ("h3",)},
+        {"stable": SlotSpec("v3", "/artifacts/c", "sha-c", "arch-1")},  # hot reload
+        {"faults": {"canary": {"error_rate": 0.5}}},
+    ):
+        assert restart_free(old, compile_config([_spec(**change)])), change
+
+
+def test_replica_shape_and_architecture_changes_restart() -> None:
+    old = compile_config([_spec()])
+    for change in (
+        {"num_replicas": 3},
+        {"num_gpus": 1.0},
+        {"kv_blocks": 512},
+        {"stable": SlotSpec("v3", "/artifacts/c", "sha-c", "arch-2")},
+        {"canary": None},
+    ):
+        assert not restart_free(old, compile_config([_spec(**change)])), change
+
+
+def test_autoscaling_uses_serve_field_names() -> None:
+    spec = _spec(
+        num_replicas=None,
+        autoscaling={"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 2},
+    )
+    config = compile_config([spec])
+    ServeDeploySchema.model_validate(config)
+    version = config["applications"][1]["deployments"][0]
+    assert version["autoscaling_config"] == {
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "target_ongoing_requests": 2,
+    }
+    assert "num_replicas" not in version

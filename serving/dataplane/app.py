@@ -259,6 +259,18 @@ class VersionServer:
                     tokens_out=len(out_ids),
                 )
 
+    async def complete(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The whole answer in one reply: a unary handle call costs far less than a stream."""
+        text, start, end = "", {}, {}
+        async for event in self.generate(request):
+            if event["type"] == "token":
+                text += event["text"]
+            elif event["type"] == "start":
+                start = event
+            else:
+                end = event
+        return {**end, "text": text, "version": start.get("version"), "pid": start.get("pid")}
+
     async def _inject_faults(self) -> None:
         """Faults a chaos drill switched on through user_config."""
         latency_ms = float(self.faults.get("latency_ms", 0) or 0)
@@ -351,21 +363,18 @@ class Router:
                 "traceparent": trace.child().header,
             }
             life.to(EXECUTING)
-            stream = self.handles[group][1].options(stream=True).generate.remote(payload)
+            handle = self.handles[group][1]
             model = str(self.config.get("deployment", "model"))
             if sampling["stream"]:
+                stream = handle.options(stream=True).generate.remote(payload)
                 first = await stream.__anext__()  # surfaces refusals before the 200
                 return StreamingResponse(
                     self._sse(kind, request_id, model, group, first, stream, life),
                     media_type="text/event-stream",
                     headers=headers,
                 )
-            text, reason, usage = "", None, {}
-            async for event in stream:
-                if event["type"] == "token":
-                    text += event["text"]
-                elif event["type"] == "end":
-                    reason, usage = event["finish_reason"], event["usage"]
+            answer = await handle.complete.remote(payload)
+            text, reason, usage = answer["text"], answer["finish_reason"], answer["usage"]
             self._breaker(group).record(True)
             life.to(COMPLETED)
             return JSONResponse(

@@ -33,6 +33,27 @@ class SlotSpec:
 
 
 @dataclass(frozen=True)
+class PoolSpec:
+    """A platform-run shared KV pool: one model served to many tenants, each with its own
+    cache salt and block quota (a tenant at its quota evicts only its own blocks)."""
+
+    name: str
+    slot: SlotSpec
+    tenants: dict[str, tuple[str, int]]  # tenant id -> (cache salt hex, quota in blocks)
+    num_replicas: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    max_ongoing_requests: int = 32
+    kv_blocks: int = 1024
+    block_size: int = 16
+    max_num_seqs: int = 32
+
+    @property
+    def app_name(self) -> str:
+        return f"pool--{self.name}"
+
+
+@dataclass(frozen=True)
 class DeploymentSpec:
     tenant_id: str
     tenant_slug: str
@@ -57,6 +78,7 @@ class DeploymentSpec:
     breaker: dict[str, Any] = field(default_factory=dict)
     faults: dict[str, Any] = field(default_factory=dict)
     router_replicas: int = 1
+    pool: str | None = None  # kv_mode "shared": the PoolSpec name serving this deployment
 
     @property
     def app_name(self) -> str:
@@ -119,10 +141,53 @@ def _version_app(
     }
 
 
+def _pool_app(pool: PoolSpec, telemetry: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": pool.app_name,
+        "route_prefix": None,
+        "import_path": VERSION_IMPORT,
+        "args": {
+            "app": pool.app_name,
+            "group": "pool",
+            "arch_key": pool.slot.arch_key,
+            "engine": {
+                "num_blocks": pool.kv_blocks,
+                "block_size": pool.block_size,
+                "max_num_seqs": pool.max_num_seqs,
+                "gpu": pool.num_gpus > 0,
+            },
+        },
+        "deployments": [
+            {
+                "name": "version",
+                "num_replicas": pool.num_replicas,
+                "max_ongoing_requests": pool.max_ongoing_requests,
+                "ray_actor_options": {"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus},
+                "user_config": {
+                    "version": pool.slot.version,
+                    "artifact": pool.slot.artifact,
+                    "fingerprint": pool.slot.fingerprint,
+                    "kv_mode": "shared",
+                    "tenants": {
+                        tenant: {"salt": salt, "quota_blocks": quota}
+                        for tenant, (salt, quota) in sorted(pool.tenants.items())
+                    },
+                    "faults": {},
+                    "telemetry": telemetry,
+                },
+            }
+        ],
+    }
+
+
 def _router_app(spec: DeploymentSpec, telemetry: dict[str, Any]) -> dict[str, Any]:
     groups = {"stable": spec.stable}
     if spec.canary is not None:
         groups["canary"] = spec.canary
+    apps = {name: f"{spec.app_name}--{name}" for name in groups}
+    if spec.pool is not None:
+        apps = {"stable": f"pool--{spec.pool}"}
+        groups = {"stable": spec.stable}
     return {
         "name": spec.app_name,
         "route_prefix": spec.route_prefix,
@@ -139,9 +204,9 @@ def _router_app(spec: DeploymentSpec, telemetry: dict[str, Any]) -> dict[str, An
                     "deployment": spec.name,
                     "revision": spec.revision,
                     "key_hashes": sorted(spec.key_hashes),
-                    "canary_percent": spec.canary_percent if spec.canary is not None else 0,
+                    "canary_percent": spec.canary_percent if "canary" in groups else 0,
                     "groups": {
-                        name: {"app": f"{spec.app_name}--{name}", "version": slot.version}
+                        name: {"app": apps[name], "version": slot.version}
                         for name, slot in groups.items()
                     },
                     "guard": dict(spec.guard),
@@ -156,6 +221,7 @@ def _router_app(spec: DeploymentSpec, telemetry: dict[str, Any]) -> dict[str, An
 def compile_config(
     specs: list[DeploymentSpec],
     *,
+    pools: list[PoolSpec] | None = None,
     http_host: str = "127.0.0.1",
     http_port: int = 8001,
     telemetry: dict[str, Any] | None = None,
@@ -163,9 +229,14 @@ def compile_config(
 ) -> dict[str, Any]:
     """The whole Serve config: every active deployment, sorted by application name."""
     telemetry = dict(telemetry or {})
-    applications: list[dict[str, Any]] = []
+    applications = [_pool_app(p, telemetry) for p in sorted(pools or [], key=lambda p: p.name)]
+    known_pools = {p.name for p in pools or []}
     for spec in sorted(specs, key=lambda s: s.app_name):
+        if spec.pool is not None and spec.pool not in known_pools:
+            raise ValueError(f"{spec.app_name}: shared pool {spec.pool!r} is not configured")
         applications.append(_router_app(spec, telemetry))
+        if spec.pool is not None:
+            continue  # served by the pool's application
         applications.append(_version_app(spec, "stable", spec.stable, telemetry))
         if spec.canary is not None:
             applications.append(_version_app(spec, "canary", spec.canary, telemetry))

@@ -203,6 +203,7 @@ class VersionServer:
         ok, first_at, times, out_ids = False, None, [], []
         try:
             check_lengths(len(prompt_ids), sampling["max_tokens"], guard)
+            self._check_admissible(len(prompt_ids), sampling["max_tokens"], tenant)
             await self._inject_faults()
             params = SamplingParams(
                 max_tokens=sampling["max_tokens"],
@@ -258,6 +259,16 @@ class VersionServer:
                     tokens_in=len(prompt_ids),
                     tokens_out=len(out_ids),
                 )
+
+    def _check_admissible(self, prompt_tokens: int, max_tokens: int, tenant: str) -> None:
+        from serving.engine.engine import EngineFull
+
+        try:
+            self.engine.check_admissible(prompt_tokens, max_tokens, tenant)
+        except EngineFull as exc:
+            raise Refused(429, "kv_quota_exceeded", str(exc)) from exc
+        except ValueError as exc:
+            raise Refused(400, "context_length_exceeded", str(exc)) from exc
 
     async def complete(self, request: dict[str, Any]) -> dict[str, Any]:
         """The whole answer in one reply: a unary handle call costs far less than a stream."""

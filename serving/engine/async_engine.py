@@ -98,6 +98,10 @@ class AsyncEngine:
             with self._lock:
                 self.engine.abort(request_id)  # a client that went away frees its blocks
 
+    def check_admissible(self, prompt_tokens: int, max_tokens: int, tenant: str) -> None:
+        with self._lock:
+            self.engine.check_admissible(prompt_tokens, max_tokens, tenant)
+
     def swap_model(self, model: LlamaModel) -> None:
         with self._lock:
             self.engine.swap_model(model)

@@ -133,20 +133,8 @@ class Engine:
     ) -> Sequence:
         """Queue a request. `cache_salt` is the tenant's server-derived prefix-cache salt
         (default: HMAC of this engine's secret and `tenant`); callers never pass a client's."""
-        if not prompt_ids:
-            raise ValueError("prompt_ids must not be empty")
         params = params or SamplingParams()
-        limit = self.model.config.max_position_embeddings
-        if len(prompt_ids) + params.max_tokens > limit:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                f"the model's context of {limit}"
-            )
-        need = -(-(len(prompt_ids) + params.max_tokens) // self.block_size)
-        if need > self.pool.quota(tenant):
-            raise EngineFull(
-                f"needs {need} KV blocks, tenant {tenant!r} may hold {self.pool.quota(tenant)}"
-            )
+        self.check_admissible(len(prompt_ids), params.max_tokens, tenant)
         if cache_salt is None:
             cache_salt = tenant_cache_salt(self.cache_secret, tenant)
         salt = cache_salt if salted else b""
@@ -163,6 +151,23 @@ class Engine:
             seq.generator = torch.Generator(device=self.model.device).manual_seed(params.seed)
         self.waiting.append(seq)
         return seq
+
+    def check_admissible(self, prompt_tokens: int, max_tokens: int, tenant: str) -> None:
+        """Raise ValueError (context) or EngineFull (KV quota) for a request that can never
+        run; callers check before they promise a client an answer."""
+        if prompt_tokens < 1:
+            raise ValueError("prompt_ids must not be empty")
+        limit = self.model.config.max_position_embeddings
+        if prompt_tokens + max_tokens > limit:
+            raise ValueError(
+                f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds "
+                f"the model's context of {limit}"
+            )
+        need = -(-(prompt_tokens + max_tokens) // self.block_size)
+        if need > self.pool.quota(tenant):
+            raise EngineFull(
+                f"needs {need} KV blocks, tenant {tenant!r} may hold {self.pool.quota(tenant)}"
+            )
 
     def abort(self, request_id: str) -> None:
         for seq in list(self.waiting):

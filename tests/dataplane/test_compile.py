@@ -86,3 +86,33 @@ def test_autoscaling_uses_serve_field_names() -> None:
         "target_ongoing_requests": 2,
     }
     assert "num_replicas" not in version
+
+
+def test_shared_pool_serves_several_tenants_with_their_own_salts_and_quotas() -> None:
+    from serving.control.compile import PoolSpec
+
+    pool = PoolSpec(
+        name="llama-small",
+        slot=SlotSpec("p1", "/artifacts/p", "sha-p", "arch-p"),
+        tenants={"7": ("aa" * 32, 64), "8": ("bb" * 32, 32)},
+    )
+    a = _spec(pool="llama-small", canary=None)
+    b = _spec(pool="llama-small", canary=None, tenant_slug="globex", tenant_id="8")
+    config = compile_config([a, b], pools=[pool])
+    ServeDeploySchema.model_validate(config)
+    names = [app["name"] for app in config["applications"]]
+    assert names == ["pool--llama-small", "acme--chat", "globex--chat"]
+    tenants = config["applications"][0]["deployments"][0]["user_config"]["tenants"]
+    assert tenants == {
+        "7": {"salt": "aa" * 32, "quota_blocks": 64},
+        "8": {"salt": "bb" * 32, "quota_blocks": 32},
+    }
+    groups = config["applications"][1]["deployments"][0]["user_config"]["groups"]
+    assert groups == {"stable": {"app": "pool--llama-small", "version": "v1"}}
+
+
+def test_unknown_pool_is_an_error() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="shared pool 'nope'"):
+        compile_config([_spec(pool="nope")])

@@ -13,11 +13,14 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from portal.bodylimit import BodyLimitMiddleware  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
+from serving.artifacts import upload_body_limits  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # Upload bodies are capped as they stream in (Django would spool any size to disk).
+        "http": BodyLimitMiddleware(django_asgi_app, limits=upload_body_limits()),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -41,3 +41,8 @@ class ConflictError(PortalError):
 class QuotaExceeded(PortalError):
     status_code = 403
     code = "quota_exceeded"
+
+
+class PayloadTooLarge(PortalError):
+    status_code = 413
+    code = "too_large"

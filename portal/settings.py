@@ -8,7 +8,10 @@ limits). PORTAL_ENV=production turns on the hardened settings and requires a rea
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 
@@ -186,6 +189,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "tenants.tasks.invitations_expire",
         "schedule": 3600.0,
     },
+    "deployments-status": {
+        "task": "serving.tasks.refresh_deployment_status",
+        "schedule": float(env_int("DEPLOYMENT_STATUS_INTERVAL_S", 5)),
+    },
 }
 
 # --- Auth -------------------------------------------------------------------------------
@@ -256,13 +263,21 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "AI Ops Portal API",
-    "DESCRIPTION": "Tenant-scoped control-plane API: tenants, members, tokens, quotas, audit.",
+    "DESCRIPTION": (
+        "Tenant-scoped control-plane API: tenants, members, tokens, quotas, audit, models, "
+        "deployments."
+    ),
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Several models have a `status` choice field; name each enum after its model.
+    "ENUM_NAME_OVERRIDES": {
+        "VersionStatusEnum": "serving.models.VersionStatus",
+        "DeploymentStatusEnum": "serving.deployment_models.DeploymentStatus",
+    },
 }
 
 # --- Portal -----------------------------------------------------------------------------
@@ -273,10 +288,31 @@ API_TOKEN_CACHE_SECONDS = env_int("API_TOKEN_CACHE_SECONDS", 10)
 INVITATION_TTL = timedelta(days=env_int("INVITATION_TTL_DAYS", 7))
 RATE_LIMIT_BURST_SECONDS = env_int("RATE_LIMIT_BURST_SECONDS", 1)
 RATE_LIMIT_KEY_PREFIX = env_str("RATE_LIMIT_KEY_PREFIX", "portal:rl")
+# Prefix-cache salts are HMAC(KV_CACHE_SECRET, tenant id), derived here, sent to replicas.
+KV_CACHE_SECRET = (
+    env_str("KV_CACHE_SECRET", "")
+    or hmac.new(SECRET_KEY.encode(), b"kv-cache-salt", hashlib.sha256).hexdigest()
+)
+SLI_KEY_PREFIX = env_str("SLI_KEY_PREFIX", "portal")
+# Every deployment change enqueues one reconcile on commit (off in unit tests without Ray).
+RECONCILE_ON_COMMIT = env_bool("RECONCILE_ON_COMMIT", True)
 # Fast buckets (>= 2 / FRACTION req/s) lease a share of their rate per Redis round trip.
 RATE_LIMIT_LEASE_FRACTION = env_float("RATE_LIMIT_LEASE_FRACTION", 0.01)
 RATE_LIMIT_LEASE_MAX = env_int("RATE_LIMIT_LEASE_MAX", 64)
 RATE_LIMIT_LEASE_MS = env_int("RATE_LIMIT_LEASE_MS", 100)
+
+# --- Model artifacts ---------------------------------------------------------------------
+# Uploaded checkpoints are unpacked under the store (a shared filesystem when Ray runs on
+# several nodes). Local paths may be registered only under ARTIFACT_LOCAL_ROOTS (never inside
+# the store); production has no default roots, so registering by path is off until set.
+ARTIFACT_STORE_DIR = Path(env_str("ARTIFACT_STORE_DIR", str(DATA_DIR / "artifacts"))).resolve()
+ARTIFACT_UPLOAD_MAX_BYTES = env_int("ARTIFACT_UPLOAD_MAX_BYTES", 2 * 1024**3)
+ARTIFACT_LOCAL_ROOTS = [
+    Path(root).resolve()
+    for root in env_list(
+        "ARTIFACT_LOCAL_ROOTS", [] if PRODUCTION else [str(DATA_DIR), tempfile.gettempdir()]
+    )
+]
 
 # --- Logging: secrets are scrubbed from every record ------------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO")

@@ -7,6 +7,7 @@ api_v1 = [
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("", include("tenants.api.urls")),
+    path("", include("serving.api.urls")),
 ]
 
 urlpatterns = [
@@ -15,4 +16,5 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("healthz", include("portal.health_urls")),
     path("", include("tenants.urls")),
+    path("", include("serving.urls")),
 ]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from django.urls import URLPattern, URLResolver, get_resolver
 
 API_PREFIX = "api/v1/"
+_KWARG = re.compile(r"\(\?P<(\w+)>|<(?:\w+:)?(\w+)>")
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,8 @@ class Route:
     methods: tuple[str, ...]
     actions: dict[str, str]
     detail: bool
+    # Every URL kwarg, in order: a nested route has its parents' too (`model_pk`, ...).
+    kwargs: tuple[str, ...] = ()
 
     @property
     def tenant_scoped(self) -> bool:
@@ -27,9 +31,19 @@ class Route:
     def lookup_kwarg(self) -> str | None:
         if not self.detail:
             return None
-        return getattr(self.view_class, "lookup_url_kwarg", None) or getattr(
-            self.view_class, "lookup_field", "pk"
-        )
+        return _lookup_of(self.view_class)
+
+    @property
+    def parent_kwargs(self) -> tuple[str, ...]:
+        """URL kwargs naming parent objects; the view maps each to an attribute of its objects
+        in `parent_lookups` (e.g. {"model_pk": "model_id"})."""
+        return tuple(k for k in self.kwargs if k != self.lookup_kwarg)
+
+
+def _lookup_of(view_class: type) -> str:
+    return getattr(view_class, "lookup_url_kwarg", None) or getattr(
+        view_class, "lookup_field", "pk"
+    )
 
 
 def _walk(patterns: list[Any], prefix: str = "") -> list[tuple[str, URLPattern]]:
@@ -60,7 +74,8 @@ def api_routes() -> list[Route]:
                 for m in ("get", "post", "put", "patch", "delete")
                 if hasattr(view_class, m)
             )
-        detail = "(?P<" in pattern or "<" in pattern
+        kwargs = tuple(a or b for a, b in _KWARG.findall(clean))
+        detail = _lookup_of(view_class) in kwargs
         routes.append(
             Route(
                 name=entry.name or clean,
@@ -69,6 +84,7 @@ def api_routes() -> list[Route]:
                 methods=methods,
                 actions=actions,
                 detail=detail,
+                kwargs=kwargs,
             )
         )
     return routes

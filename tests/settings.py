@@ -14,6 +14,9 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_EAGER_PROPAGATES = True
+# Unit tests have no Ray; the Ray tests call serving.control.reconcile with the test cluster.
+RECONCILE_ON_COMMIT = False
+SLI_KEY_PREFIX = "portal-test"
 
 if os.environ.get("PORTAL_TEST_WORKER"):
     # A real Celery worker started by the tests: it consumes from Redis and writes mail to files.

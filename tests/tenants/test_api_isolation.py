@@ -32,6 +32,11 @@ def test_the_matrix_sees_the_api() -> None:
         "token-list",
         "token-revoke",
         "audit-event-list",
+        "model-list",
+        "model-detail",
+        "model-version-list",
+        "model-version-detail",
+        "model-version-upload",
     } <= names
 
 
@@ -41,15 +46,24 @@ def _model_of(route: Route) -> type[models.Model]:
     return queryset.model
 
 
-def _object_of_a(route: Route, world_a: TenantWorld) -> Any:
-    """The lookup value of one of A's objects for this route's model."""
+def _kwargs_of_a(route: Route, world_a: TenantWorld) -> dict[str, Any]:
+    """URL kwargs naming one of A's objects (and, for nested routes, its parents)."""
+    if not route.kwargs:
+        return {}
     model = _model_of(route)
     if model is Tenant:
-        return getattr(world_a.tenant, route.view_class.lookup_field)
+        return {route.lookup_kwarg: getattr(world_a.tenant, route.view_class.lookup_field)}
     obj = model.objects.filter(tenant=world_a.tenant).order_by("id").first()
     assert obj is not None, f"no object of tenant A for {model.__name__}: extend make_world"
-    field = route.view_class.lookup_field
-    return getattr(obj, "pk" if field == "pk" else field)
+    kwargs: dict[str, Any] = {}
+    if route.detail:
+        field = route.view_class.lookup_field
+        kwargs[route.lookup_kwarg] = getattr(obj, "pk" if field == "pk" else field)
+    parents = getattr(route.view_class, "parent_lookups", {})
+    for name in route.parent_kwargs:
+        assert name in parents, f"{route.view_class.__name__} must map {name!r} in parent_lookups"
+        kwargs[name] = getattr(obj, parents[name])
+    return kwargs
 
 
 def _a_markers(world_a: TenantWorld) -> list[str]:
@@ -93,7 +107,7 @@ def _hostile_body(world_a: TenantWorld) -> dict[str, Any]:
 
 @pytest.mark.parametrize("route", [r for r in SCOPED if r.detail], ids=lambda r: r.name)
 def test_b_cannot_touch_a_objects(route: Route, world_a: TenantWorld, world_b: TenantWorld) -> None:
-    url = reverse(route.name, kwargs={route.lookup_kwarg: _object_of_a(route, world_a)})
+    url = reverse(route.name, kwargs=_kwargs_of_a(route, world_a))
     before = AuditEvent.objects.filter(tenant=world_a.tenant).count()
     for who, client in _clients(world_b, world_a).items():
         for method in route.methods:
@@ -111,7 +125,7 @@ def test_b_cannot_touch_a_objects(route: Route, world_a: TenantWorld, world_b: T
 def test_b_lists_and_creates_see_and_touch_nothing_of_a(
     route: Route, world_a: TenantWorld, world_b: TenantWorld
 ) -> None:
-    url = reverse(route.name)
+    url = reverse(route.name, kwargs=_kwargs_of_a(route, world_a))
     model = _model_of(route)
     a_rows = (
         model.objects.filter(tenant=world_a.tenant).count()
@@ -130,6 +144,8 @@ def test_b_lists_and_creates_see_and_touch_nothing_of_a(
             )
             if who == "b-session-claiming-a" and not contextless:
                 assert response.status_code == 404, (who, method, url, response.status_code)
+            if route.parent_kwargs:  # under one of A's objects: as if it did not exist
+                assert response.status_code in (403, 404), (who, method, url, response.status_code)
     if a_rows is not None:
         assert model.objects.filter(tenant=world_a.tenant).count() == a_rows
     assert AuditEvent.objects.filter(tenant=world_a.tenant).count() == a_audit
@@ -137,8 +153,7 @@ def test_b_lists_and_creates_see_and_touch_nothing_of_a(
 
 @pytest.mark.parametrize("route", SCOPED, ids=lambda r: r.name)
 def test_anonymous_is_refused_everywhere(route: Route, world_a: TenantWorld) -> None:
-    kwargs = {route.lookup_kwarg: _object_of_a(route, world_a)} if route.detail else {}
-    url = reverse(route.name, kwargs=kwargs)
+    url = reverse(route.name, kwargs=_kwargs_of_a(route, world_a))
     for method in route.methods:
         response = _send(APIClient(), method, url)
         assert response.status_code in (401, 403), (method, url, response.status_code)

@@ -6,6 +6,7 @@ without a row here fails `test_every_write_endpoint_is_covered`.
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from tests.api_routes import api_routes
 from tests.conftest import TenantWorld, make_user
 
 pytestmark = pytest.mark.django_db
+TMP = tempfile.gettempdir()
 
 # Routes/methods that take no body (DELETE, action without input) and are not in the table.
 BODYLESS = {("token-revoke", "POST")}
@@ -48,7 +50,49 @@ CASES: list[tuple[str, str, str | None, Any, str]] = [
     ("token-list", "POST", None, {"name": "t", "scopes": ["read"], "rate_limit_per_second": 0}, "rate_limit_per_second"),
     ("quota-detail", "PATCH", "quota", {"max_gpus": -1}, "max_gpus"),
     ("quota-detail", "PATCH", "quota", {"requests_per_second": "fast"}, "requests_per_second"),
+    ("model-list", "POST", None, {"task": "text-generation"}, "name"),
+    ("model-list", "POST", None, {"name": "has spaces"}, "name"),
+    ("model-list", "POST", None, {"name": "x" * 101}, "name"),
+    ("model-list", "POST", None, {"name": "m2", "task": "painting"}, "task"),
+    ("model-list", "POST", None, {"name": "m2", "description": "x" * 2001}, "description"),
+    ("model-detail", "PATCH", "model", {}, "description"),
+    ("model-detail", "PATCH", "model", {"description": "x" * 2001}, "description"),
+    ("model-version-list", "POST", "versions", {"path": TMP}, "label"),
+    ("model-version-list", "POST", "versions", {"label": "v2"}, "path"),
+    ("model-version-list", "POST", "versions", {"label": "no spaces", "path": TMP}, "label"),
+    ("model-version-list", "POST", "versions", {"label": "v2", "path": "relative/dir"}, "path"),
+    ("model-version-list", "POST", "versions", {"label": "v2", "path": "/proc/self"}, "path"),
+    ("model-version-list", "POST", "versions", {"label": "v2", "path": f"{TMP}/portal-no-such-dir-42"}, "path"),
+    ("model-version-list", "POST", "versions", {"label": "v2", "path": TMP, "sha256": "abc"}, "sha256"),
+    ("model-version-upload", "POST", "versions", {}, "label"),
+    ("model-version-upload", "PUT", "versions", {"label": "v2"}, "label"),
+    ("deployment-list", "POST", None, {"version": 1}, "name"),
+    ("deployment-list", "POST", None, {"name": "Bad_Name", "version": "served"}, "name"),
+    ("deployment-list", "POST", None, {"name": "web"}, "version"),
+    ("deployment-list", "POST", None, {"name": "web", "version": 999999}, "version"),
+    ("deployment-list", "POST", None, {"name": "web", "version": "served", "num_cpus": -1}, "num_cpus"),
+    ("deployment-list", "POST", None, {"name": "web", "version": "served", "breaker": {"failure_rate": 7}}, "breaker.failure_rate"),
+    ("deployment-list", "POST", None, {"name": "web", "version": "served", "guard": {"nope": 1}}, "guard.nope"),
+    ("deployment-list", "POST", None, {"name": "web", "version": "served", "num_replicas": 2, "autoscaling": {"max_replicas": 3}}, "autoscaling"),
+    ("deployment-detail", "PATCH", "deployment", {"num_replicas": 0}, "num_replicas"),
+    ("deployment-detail", "PATCH", "deployment", {"pool": "x"}, "pool"),
+    ("deployment-canary", "POST", "deployment", {"percent": 10}, "version"),
+    ("deployment-canary", "POST", "deployment", {"version": "served", "percent": 101}, "percent"),
+    ("deployment-canary", "POST", "deployment", {"version": "served", "percent": 10}, "canary_version"),
+    ("deployment-traffic", "POST", "deployment", {}, "percent"),
+    ("deployment-keys", "POST", "deployment", {"name": ""}, "name"),
 ]  # fmt: skip
+BODYLESS |= {("deployment-promote", "POST"), ("inference-key-revoke", "POST")}
+
+
+def _resolve(body: Any, world: TenantWorld) -> Any:
+    """`"served"` stands for the id of the world's deployed (ready) version."""
+    if isinstance(body, dict) and body.get("version") == "served":
+        from serving.models import ModelVersion
+
+        served = ModelVersion.objects.get(tenant=world.tenant, model__name="served")
+        return {**body, "version": served.pk}
+    return body
 
 
 def _row_counts() -> dict[str, int]:
@@ -95,6 +139,13 @@ def test_bad_input_names_the_field_and_writes_nothing(
         kwargs = {"pk": Membership.objects.get(tenant=world_a.tenant, user=world_a.viewer).pk}
     elif lookup == "quota":
         kwargs = {"pk": world_a.tenant.tenants_quota_set.get().pk}
+    elif lookup == "model":
+        kwargs = {"pk": world_a.model.pk}
+    elif lookup == "versions":
+        kwargs = {"model_pk": world_a.model.pk}
+    elif lookup == "deployment":
+        kwargs = {"pk": world_a.tenant.serving_deployment_set.get(name="assistant").pk}
+    body = _resolve(body, world_a)
     before = _row_counts()
     response = getattr(client, method.lower())(reverse(name, kwargs=kwargs), body, format="json")
     assert response.status_code == 400, response.content

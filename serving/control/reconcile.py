@@ -1,0 +1,288 @@
+"""reconcile(): the one way into the data plane.
+
+Compiles the current revision of every live deployment (and the shared pools) into one Serve
+declarative config and PUTs it through the Serve REST API. Serialized by a row lock, so two
+reconciles never interleave; idempotent, so an unchanged config is not re-applied; and the
+only module on the Django side that talks to Ray. `refresh_status()` reads what Serve reports
+back into the deployments (deploying, running, unhealthy, failed with Serve's message).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from serving import artifacts
+from serving.control.cluster import RayTarget, ray_target_from_env
+from serving.control.compile import DeploymentSpec, PoolSpec, SlotSpec, compile_config
+from serving.control.serve_api import AppInfo, AppStatus, ServeApiClient
+from serving.deployment_models import (
+    Deployment,
+    DeploymentRevision,
+    DeploymentStatus,
+    KvMode,
+    ReconcileLock,
+    ReconcileRun,
+    SharedPool,
+)
+from serving.models import ModelVersion
+from tenants.models import Quota
+
+logger = logging.getLogger(__name__)
+
+
+def cache_salt_hex(tenant_id: int) -> str:
+    """The tenant's prefix-cache salt: HMAC of the server's secret and the tenant id."""
+    secret = settings.KV_CACHE_SECRET.encode()
+    return hmac.new(secret, f"tenant:{tenant_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def _slot(version: ModelVersion) -> SlotSpec:
+    shape = json.dumps(
+        {k: v for k, v in sorted((version.config_summary or {}).items()) if k != "format"},
+        sort_keys=True,
+    )
+    return SlotSpec(
+        version=f"{version.model.name}:{version.label}",
+        artifact=str(artifacts.local_directory(version.artifact_uri)),
+        fingerprint=version.sha256,
+        arch_key=hashlib.sha256(shape.encode()).hexdigest()[:16],
+    )
+
+
+def _spec(deployment: Deployment, revision: DeploymentRevision) -> DeploymentSpec:
+    tenant = deployment.tenant
+    canary = revision.canary_version
+    return DeploymentSpec(
+        tenant_id=str(tenant.pk),
+        tenant_slug=tenant.slug,
+        name=deployment.name,
+        revision=revision.number,
+        stable=_slot(revision.stable_version),
+        canary=_slot(canary) if canary is not None else None,
+        canary_percent=revision.canary_percent,
+        num_replicas=revision.num_replicas,
+        autoscaling=revision.autoscaling,
+        num_cpus=revision.num_cpus,
+        num_gpus=revision.num_gpus,
+        max_ongoing_requests=revision.max_ongoing_requests,
+        kv_mode=revision.kv_mode,
+        kv_blocks=revision.kv_blocks,
+        block_size=revision.block_size,
+        quota_blocks=None,
+        cache_salt_hex=cache_salt_hex(tenant.pk),
+        key_hashes=tuple(revision.key_hashes),
+        guard=revision.guard,
+        breaker=revision.breaker,
+        faults=revision.faults,
+        pool=revision.pool.name if revision.pool is not None else None,
+    )
+
+
+def desired_state() -> tuple[list[DeploymentSpec], list[PoolSpec], list[int]]:
+    """Specs of every live deployment's current revision; also those revisions' ids."""
+    live = (
+        Deployment.objects.filter(deleted_at__isnull=True, current_revision__isnull=False)
+        .select_related(
+            "tenant",
+            "current_revision__stable_version__model",
+            "current_revision__canary_version__model",
+            "current_revision__pool",
+        )
+        .order_by("pk")
+    )
+    specs: list[DeploymentSpec] = []
+    revision_ids: list[int] = []
+    pool_tenants: dict[int, dict[str, tuple[str, int]]] = {}
+    for deployment in live:
+        revision = deployment.current_revision
+        if revision is None:  # filtered out by the query
+            continue
+        specs.append(_spec(deployment, revision))
+        revision_ids.append(revision.pk)
+        if revision.kv_mode == KvMode.SHARED and revision.pool_id:
+            quota = Quota.objects.get(tenant_id=deployment.tenant_id).max_kv_blocks
+            pool_tenants.setdefault(revision.pool_id, {})[str(deployment.tenant_id)] = (
+                cache_salt_hex(deployment.tenant_id),
+                quota,
+            )
+    pools = [
+        PoolSpec(
+            name=pool.name,
+            slot=_slot(pool.model_version),
+            tenants=pool_tenants.get(pool.pk, {}),
+            num_replicas=pool.num_replicas,
+            num_cpus=pool.num_cpus,
+            num_gpus=pool.num_gpus,
+            kv_blocks=pool.kv_blocks,
+            block_size=pool.block_size,
+        )
+        for pool in SharedPool.objects.filter(pk__in=pool_tenants).select_related(
+            "model_version__model"
+        )
+    ]
+    return specs, pools, revision_ids
+
+
+def _telemetry() -> dict[str, Any]:
+    return {"redis_url": settings.REDIS_URL or None, "prefix": settings.SLI_KEY_PREFIX}
+
+
+def compiled_config(target: RayTarget) -> tuple[dict[str, Any], list[int]]:
+    specs, pools, revision_ids = desired_state()
+    http = dict(target.serve_http_options) or {"host": "127.0.0.1", "port": 8001}
+    config = compile_config(
+        specs,
+        pools=pools,
+        http_host=str(http.get("host", "127.0.0.1")),
+        http_port=int(http.get("port", 8001)),
+        telemetry=_telemetry(),
+    )
+    return config, revision_ids
+
+
+def digest(config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def reconcile(
+    *, target: RayTarget | None = None, client: ServeApiClient | None = None, force: bool = False
+) -> ReconcileRun:
+    """Bring Serve to the desired state. Raises ServeApiError (the task retries it)."""
+    target = target or ray_target_from_env()
+    client = client or target.serve_client()
+    started = time.monotonic()
+    run = ReconcileRun.objects.create()
+    try:
+        with transaction.atomic():
+            lock, _ = ReconcileLock.objects.get_or_create(id=1)
+            lock = ReconcileLock.objects.select_for_update().get(id=1)
+            config, revision_ids = compiled_config(target)
+            run.config_digest = digest(config)
+            run.applications = len(config["applications"])
+            running = {name for name in client.applications()}
+            wanted = {app["name"] for app in config["applications"]}
+            if not force and lock.last_digest == run.config_digest and running == wanted:
+                run.skipped = True
+            else:
+                client.put(config)
+                now = timezone.now()
+                lock.last_digest, lock.last_applied_at = run.config_digest, now
+                lock.save(update_fields=["last_digest", "last_applied_at"])
+                for revision in DeploymentRevision.objects.filter(
+                    pk__in=revision_ids, applied_at__isnull=True
+                ):
+                    revision.applied_at = now
+                    revision.save(update_fields=["applied_at"])
+        run.ok = True
+    except Exception as exc:
+        run.error = str(exc)[:4000]
+        raise
+    finally:
+        run.finished_at = timezone.now()
+        run.duration_ms = (time.monotonic() - started) * 1000
+        run.save()
+    return run
+
+
+_STATUS = {
+    AppStatus.RUNNING: DeploymentStatus.RUNNING,
+    AppStatus.DEPLOYING: DeploymentStatus.DEPLOYING,
+    AppStatus.NOT_STARTED: DeploymentStatus.DEPLOYING,
+    AppStatus.UNHEALTHY: DeploymentStatus.UNHEALTHY,
+    AppStatus.DEPLOY_FAILED: DeploymentStatus.FAILED,
+    AppStatus.DELETING: DeploymentStatus.DELETING,
+}
+_WORST = [
+    DeploymentStatus.FAILED,
+    DeploymentStatus.UNHEALTHY,
+    DeploymentStatus.DEPLOYING,
+    DeploymentStatus.DELETING,
+    DeploymentStatus.RUNNING,
+]
+
+
+def _apps_of(deployment: Deployment, revision: DeploymentRevision) -> list[str]:
+    base = f"{deployment.tenant.slug}--{deployment.name}"
+    if revision.kv_mode == KvMode.SHARED and revision.pool is not None:
+        return [base, f"pool--{revision.pool.name}"]
+    return [base, f"{base}--stable"] + ([f"{base}--canary"] if revision.canary_version_id else [])
+
+
+def refresh_status(*, client: ServeApiClient | None = None) -> dict[int, str]:
+    """Copy what Serve reports into each deployment; mark revisions converged."""
+    client = client or ray_target_from_env().serve_client()
+    apps: dict[str, AppInfo] = client.applications()
+    lock = ReconcileLock.objects.filter(id=1).first()
+    applied_at = lock.last_applied_at if lock else None
+    result: dict[int, str] = {}
+    deployments = Deployment.objects.select_related("tenant", "current_revision__pool").filter(
+        current_revision__isnull=False
+    )
+    for deployment in deployments.exclude(status=DeploymentStatus.DELETED):
+        revision = deployment.current_revision
+        if revision is None:  # filtered out by the query
+            continue
+        names = _apps_of(deployment, revision)
+        if deployment.deleted_at is not None:
+            gone = all(name not in apps for name in names[:-1] or names)
+            status = DeploymentStatus.DELETED if gone else DeploymentStatus.DELETING
+            message = "removed from Serve" if gone else "Serve is removing it"
+        elif revision.applied_at is None:
+            status, message = DeploymentStatus.PENDING, "waiting for reconcile"
+        else:
+            found = [apps[name] for name in names if name in apps]
+            if len(found) < len(names):
+                status, message = DeploymentStatus.DEPLOYING, "Serve has not listed it yet"
+            else:
+                mapped = [(_STATUS.get(i.status, DeploymentStatus.DEPLOYING), i) for i in found]
+                status, info = min(mapped, key=lambda m: _WORST.index(m[0]))
+                message = info.message or (
+                    "" if status == DeploymentStatus.RUNNING else info.status
+                )
+                fresh = applied_at is None or all(
+                    i.last_deployed_time_s >= applied_at.timestamp() - 1 for i in found
+                )
+                if status == DeploymentStatus.RUNNING and not fresh:
+                    status = DeploymentStatus.DEPLOYING
+        if status == DeploymentStatus.RUNNING and revision.converged_at is None:
+            revision.converged_at = timezone.now()
+            revision.serve_status, revision.serve_message = "RUNNING", ""
+            revision.save(update_fields=["converged_at", "serve_status", "serve_message"])
+        elif status in (DeploymentStatus.FAILED, DeploymentStatus.UNHEALTHY):
+            revision.serve_status, revision.serve_message = status.upper(), message[:4000]
+            revision.save(update_fields=["serve_status", "serve_message"])
+        if status != deployment.status or message != deployment.status_message:
+            deployment.status, deployment.status_message = status, message[:4000]
+            deployment.status_at = timezone.now()
+            deployment.save(update_fields=["status", "status_message", "status_at"])
+        result[deployment.pk] = status
+    return result
+
+
+def has_deployments() -> bool:
+    return Deployment.objects.exclude(status=DeploymentStatus.DELETED).exists()
+
+
+def follow(*, timeout_s: float = 60.0, interval_s: float = 0.5) -> dict[int, str]:
+    """Refresh statuses until nothing is pending or deploying any more."""
+    deadline = time.monotonic() + timeout_s
+    client = ray_target_from_env().serve_client()
+    while True:
+        statuses = refresh_status(client=client)
+        unsettled = {
+            DeploymentStatus.PENDING,
+            DeploymentStatus.DEPLOYING,
+            DeploymentStatus.DELETING,
+        }
+        if not set(statuses.values()) & unsettled or time.monotonic() >= deadline:
+            return statuses
+        time.sleep(interval_s)

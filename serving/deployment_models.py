@@ -1,0 +1,232 @@
+"""Deployments (models): a tenant's serving endpoints and their immutable, numbered revisions of
+desired state; the reconcile loop's bookkeeping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.utils import timezone
+
+from tenants.scoping import TenantOwned
+
+# "serving.ModelVersion" by name: serving.models imports this module at its end.
+MODEL_VERSION = "serving.ModelVersion"
+
+DEPLOYMENT_NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
+
+
+class KvMode(models.TextChoices):
+    DEDICATED = "dedicated", "Dedicated replicas"
+    SHARED = "shared", "Shared pool"
+
+
+class DeploymentStatus(models.TextChoices):
+    PENDING = "pending", "Pending"  # desired state written, not applied yet
+    DEPLOYING = "deploying", "Deploying"
+    RUNNING = "running", "Running"
+    UNHEALTHY = "unhealthy", "Unhealthy"
+    FAILED = "failed", "Failed"
+    DELETING = "deleting", "Deleting"
+    DELETED = "deleted", "Deleted"
+
+
+class SharedPool(models.Model):
+    """A platform-run model serving many tenants from one KV pool (per-tenant block quotas).
+    Platform-owned, not tenant-owned: tenants only reference it by name."""
+
+    name = models.SlugField(max_length=40, unique=True)
+    model_version = models.ForeignKey(MODEL_VERSION, on_delete=models.PROTECT, related_name="+")
+    num_replicas = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    num_cpus = models.FloatField(default=1.0, validators=[MinValueValidator(0)])
+    num_gpus = models.FloatField(default=0.0, validators=[MinValueValidator(0)])
+    kv_blocks = models.PositiveIntegerField(default=1024, validators=[MinValueValidator(16)])
+    block_size = models.PositiveIntegerField(default=16, validators=[MinValueValidator(1)])
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Deployment(TenantOwned):
+    name = models.CharField(
+        max_length=40,
+        validators=[
+            RegexValidator(
+                DEPLOYMENT_NAME_RE, "Use lower-case letters, digits and '-' (DNS label style)."
+            )
+        ],
+    )
+    description = models.TextField(blank=True, max_length=2000)
+    status = models.CharField(
+        max_length=20, choices=DeploymentStatus.choices, default=DeploymentStatus.PENDING
+    )
+    status_message = models.TextField(blank=True)
+    status_at = models.DateTimeField(null=True, blank=True)
+    current_revision = models.ForeignKey(
+        "DeploymentRevision",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="current_of",
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "name"],
+                condition=models.Q(deleted_at__isnull=True),
+                name="deployment_unique_live_name",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_live(self) -> bool:
+        return self.deleted_at is None
+
+
+# Fields of a revision that are desired state (copied into the next revision, never edited).
+SPEC_FIELDS = (
+    "stable_version_id",
+    "canary_version_id",
+    "canary_percent",
+    "num_replicas",
+    "autoscaling",
+    "num_cpus",
+    "num_gpus",
+    "max_ongoing_requests",
+    "kv_mode",
+    "pool_id",
+    "kv_blocks",
+    "block_size",
+    "guard",
+    "breaker",
+    "faults",
+    "key_hashes",
+)
+
+
+class DeploymentRevision(TenantOwned):
+    """One immutable, numbered revision of a deployment's desired state."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="revisions")
+    number = models.PositiveIntegerField()
+    reason = models.CharField(max_length=200)
+    stable_version = models.ForeignKey(MODEL_VERSION, on_delete=models.PROTECT, related_name="+")
+    canary_version = models.ForeignKey(
+        MODEL_VERSION, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    canary_percent = models.FloatField(
+        default=0, validators=[MinValueValidator(0), MaxValueValidator(100)]
+    )
+    num_replicas = models.PositiveIntegerField(null=True, blank=True)
+    autoscaling = models.JSONField(null=True, blank=True)
+    num_cpus = models.FloatField(default=1.0)
+    num_gpus = models.FloatField(default=0.0)
+    max_ongoing_requests = models.PositiveIntegerField(default=16)
+    kv_mode = models.CharField(max_length=10, choices=KvMode.choices, default=KvMode.DEDICATED)
+    pool = models.ForeignKey(
+        SharedPool, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    kv_blocks = models.PositiveIntegerField(default=256)
+    block_size = models.PositiveIntegerField(default=16)
+    guard = models.JSONField(default=dict, blank=True)
+    breaker = models.JSONField(default=dict, blank=True)
+    faults = models.JSONField(default=dict, blank=True)
+    key_hashes = models.JSONField(default=list, blank=True)  # SHA-256 of the live inference keys
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    # What happened to it in the data plane (written by reconcile, not desired state).
+    applied_at = models.DateTimeField(null=True, blank=True)
+    converged_at = models.DateTimeField(null=True, blank=True)
+    serve_status = models.CharField(max_length=20, blank=True)
+    serve_message = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "deployment", "number"], name="revision_unique_number"
+            ),
+        ]
+        ordering = ["-number"]
+
+    def __str__(self) -> str:
+        return f"{self.deployment.name}#{self.number}"
+
+    def spec(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in SPEC_FIELDS}
+
+    def replicas_max(self) -> int:
+        if self.autoscaling:
+            return int(self.autoscaling.get("max_replicas", 1))
+        return int(self.num_replicas or 1)
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None and kwargs.get("update_fields") is None:
+            raise ValueError("a revision is immutable: save(update_fields=...) status only")
+        fields = kwargs.get("update_fields")
+        if fields is not None and set(fields) - {
+            "applied_at", "converged_at", "serve_status", "serve_message",
+        }:  # fmt: skip
+            raise ValueError("only the data-plane status of a revision may change")
+        super().save(*args, **kwargs)
+
+
+class InferenceKey(TenantOwned):
+    """A key clients send to a deployment's route (`Authorization: Bearer ik_...`); only its
+    hash is kept, and the router receives only hashes."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="keys")
+    name = models.CharField(max_length=80)
+    prefix = models.CharField(max_length=12)
+    key_hash = models.CharField(max_length=64, unique=True)
+    is_probe = models.BooleanField(default=False)  # the health checker's own key
+    created_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}...)"
+
+
+class ReconcileRun(models.Model):
+    """One apply of the compiled config to Serve (platform-wide, not tenant-owned)."""
+
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    ok = models.BooleanField(default=False)
+    skipped = models.BooleanField(default=False)  # config identical to what Serve runs
+    config_digest = models.CharField(max_length=64, blank=True)
+    applications = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [models.Index(fields=["-started_at"], name="reconcile_recent")]
+
+    def __str__(self) -> str:
+        return f"reconcile {self.started_at:%H:%M:%S} {'ok' if self.ok else 'failed'}"
+
+
+class ReconcileLock(models.Model):
+    """A single row locked (SELECT ... FOR UPDATE) for the duration of one reconcile."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    last_digest = models.CharField(max_length=64, blank=True)
+    last_applied_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return "reconcile lock"

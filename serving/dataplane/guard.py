@@ -18,6 +18,10 @@ class Refused(Exception):
         self.code = code
         self.message = message
 
+    def __reduce__(self) -> tuple[type[Refused], tuple[int, str, str]]:
+        # Raised inside a version replica, it must survive Ray's pickling to reach the router.
+        return (Refused, (self.status, self.code, self.message))
+
     def body(self) -> dict[str, Any]:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         return {"error": {"code": self.code, "message": self.message, "type": kind}}

@@ -166,3 +166,15 @@ def test_sli_window_histograms_and_quantiles() -> None:
     assert quantile(data["latency_ms"], 0.5) == 10.0
     assert quantile(data["latency_ms"], 0.99) == 1000.0
     assert quantile([0] * 12, 0.5) is None
+
+
+def test_refusals_survive_pickling_across_replicas() -> None:
+    import pickle
+
+    data = pickle.dumps(Refused(429, "kv_quota_exceeded", "needs 20 blocks"))
+    again = pickle.loads(data)  # noqa: S301 (our own bytes, as Ray moves them)
+    assert (again.status, again.code, again.message) == (
+        429,
+        "kv_quota_exceeded",
+        "needs 20 blocks",
+    )

@@ -217,6 +217,13 @@ def _apps_of(deployment: Deployment, revision: DeploymentRevision) -> list[str]:
     return [base, f"{base}--stable"] + ([f"{base}--canary"] if revision.canary_version_id else [])
 
 
+def _message(info: AppInfo) -> str:
+    """Serve's own words: the deployments' messages (the cause) after the app's summary."""
+    parts = [info.message] if info.message else []
+    parts += [f"{d.name}: {d.message}" for d in info.deployments.values() if d.message]
+    return "\n".join(parts)
+
+
 def refresh_status(*, client: ServeApiClient | None = None) -> dict[int, str]:
     """Copy what Serve reports into each deployment; mark revisions converged."""
     client = client or ray_target_from_env().serve_client()
@@ -245,7 +252,7 @@ def refresh_status(*, client: ServeApiClient | None = None) -> dict[int, str]:
             else:
                 mapped = [(_STATUS.get(i.status, DeploymentStatus.DEPLOYING), i) for i in found]
                 status, info = min(mapped, key=lambda m: _WORST.index(m[0]))
-                message = info.message or (
+                message = _message(info) or (
                     "" if status == DeploymentStatus.RUNNING else info.status
                 )
                 fresh = applied_at is None or all(

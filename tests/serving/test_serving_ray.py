@@ -95,6 +95,9 @@ def test_deploy_infer_canary_reload_delete(
     revision = deployment.current_revision
     assert deployment.status == DeploymentStatus.RUNNING, deployment.status_message
     assert revision.applied_at is not None and revision.converged_at is not None
+    # Idempotent: the same desired state is not applied again.
+    again = control.reconcile(target=ray_cluster.target)
+    assert again.ok and again.skipped
 
     url = f"{ray_cluster.serve_url}/acme/assistant/v1/completions"
     with httpx.Client(timeout=30, trust_env=False) as http:
@@ -291,3 +294,43 @@ def test_shared_pool_keeps_tenants_prefixes_and_blocks_apart(
         assert final[a]["evictions"] == 0
         assert final[b]["blocks_used"] <= 16
         assert final[a]["prefix_hits"] == 2 * hits_a  # A's repeat still hits in full
+
+
+def test_a_version_that_cannot_load_shows_failed_with_serves_message(
+    world_a: TenantWorld, ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    directory = write_tiny_checkpoint(tmp_path / "vanishing", seed=3)
+    version = _ready_version(world_a, directory, "vanishing")
+    Deployment.objects.filter(tenant=world_a.tenant).update(deleted_at=timezone.now())
+    deployment, _ = deployments.deployment_create(
+        tenant=world_a.tenant, actor=Actor(user=world_a.owner), name="broken",
+        version_id=version.pk, settings={"num_cpus": 0.25},
+    )  # fmt: skip
+    (directory / "model.safetensors").unlink()  # gone after validation
+    client = ray_cluster.client()
+    control.reconcile(target=ray_cluster.target, client=client)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        control.refresh_status(client=client)
+        deployment.refresh_from_db()
+        if deployment.status == DeploymentStatus.FAILED:
+            break
+        time.sleep(1)
+    assert deployment.status == DeploymentStatus.FAILED, deployment.status
+    assert "safetensors" in deployment.status_message
+    assert deployment.current_revision.serve_status == "FAILED"
+
+
+def test_an_unreachable_cluster_fails_the_run_and_records_why(world_a: TenantWorld) -> None:
+    from serving.control.cluster import RayTarget
+    from serving.control.serve_api import ServeApiError
+    from serving.deployment_models import ReconcileRun
+
+    nowhere = RayTarget(
+        address="127.0.0.1:1", dashboard_url="http://127.0.0.1:1", serve_url="http://127.0.0.1:1",
+        token="x",
+    )  # fmt: skip
+    with pytest.raises(ServeApiError):
+        control.reconcile(target=nowhere)
+    run = ReconcileRun.objects.order_by("-pk").first()
+    assert run is not None and not run.ok and "unreachable" in run.error

@@ -24,4 +24,46 @@ urlpatterns = [
         views.version_delete,
         name="serving-version-delete",
     ),
+    path("t/<slug:slug>/deployments/", views.deployments_page, name="serving-deployments"),
+    path("t/<slug:slug>/deployments/<int:pk>/", views.deployment_page, name="serving-deployment"),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/status/",
+        views.deployment_status,
+        name="serving-deployment-status",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/scale/",
+        views.deployment_scale,
+        name="serving-deployment-scale",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/canary/",
+        views.deployment_canary,
+        name="serving-deployment-canary",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/traffic/",
+        views.deployment_traffic,
+        name="serving-deployment-traffic",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/promote/",
+        views.deployment_promote,
+        name="serving-deployment-promote",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/delete/",
+        views.deployment_delete,
+        name="serving-deployment-delete",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/keys/",
+        views.inference_key_create,
+        name="serving-deployment-key-create",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/keys/<int:key_pk>/revoke/",
+        views.inference_key_revoke,
+        name="serving-deployment-key-revoke",
+    ),
 ]

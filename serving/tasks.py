@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from portal.celery import task
 from serving import services
 from serving.control.serve_api import ServeApiError
 from serving.models import ModelVersion
+
+logger = logging.getLogger(__name__)
 
 # Checksumming, loading and one forward pass of a multi-GiB checkpoint on CPU take minutes.
 VALIDATION_TIME_LIMIT_S = 1800
@@ -47,4 +51,8 @@ def refresh_deployment_status() -> dict[int, str]:
 
     if not control.has_deployments():
         return {}
-    return control.refresh_status()
+    try:
+        return control.refresh_status()
+    except ServeApiError as exc:  # no cluster yet (starting, or PORTAL_RAY=off): say so once
+        logger.warning("deployment status not refreshed: %s", exc)
+        return {}

@@ -1,19 +1,26 @@
-"""Smoke test of `make up` in embedded mode: SQLite, filesystem broker, no PostgreSQL or Redis.
+"""Smoke tests of `make up` in embedded mode: SQLite, filesystem broker, no PostgreSQL or Redis.
 
-It runs the real command in a fresh data folder, waits for the portal, uses it like a visitor
+Each runs the real command in a fresh data folder, waits for the portal, uses it like a visitor
 (login page, API schema, the printed demo login), then presses Ctrl-C (SIGINT to the process
 group, as a terminal does) and checks that the supervisor stops every part it started.
+
+The first runs without a data plane (PORTAL_RAY=off: fast, for CI on two cores): the demo
+deployment is created and stays pending while the worker's reconcile retries. The second
+(`ray`) runs the local Ray head on free ports and calls the demo deployment through the Serve
+proxy with the printed inference key, and checks every Ray listener is on loopback.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.cookiejar
+import json
 import os
 import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 import urllib.error
@@ -24,12 +31,19 @@ from typing import Any
 
 import pytest
 
+from serving.control.cluster import HeadState, LocalHeadConfig, head_processes, listening_sockets
+from tests.serving.conftest import free_ports
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 180.0  # migrate + demo_tenant + three processes (+ installs on a fresh checkout)
 STOP_TIMEOUT = 30.0
-# Variables that would point the portal at the test services or at a parent make.
+# With Ray: its head starts before the web server; the demo replica loads the tiny model.
+RAY_SERVE_TIMEOUT = 180.0  # from `make up` to the first completion through the Serve proxy
+RAY_STOP_TIMEOUT = 90.0  # web/worker/beat (15 s grace), then the head by PID
+# Variables that would point the portal at the test services, another Ray cluster or a parent
+# make.
 DROPPED_ENV = (
     "DATABASE_URL",
     "REDIS_URL",
@@ -38,6 +52,12 @@ DROPPED_ENV = (
     "MAKEFLAGS",
     "MFLAGS",
     "MAKELEVEL",
+    "PORTAL_RAY",
+    "RAY_ADDRESS",
+    "RAY_DASHBOARD_URL",
+    "RAY_AUTH_TOKEN",
+    "RAY_AUTH_TOKEN_PATH",
+    "RAY_SERVE_URL",
 )
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STARTED = re.compile(r"^\[up\] (\w+) started \(pid (\d+)\)$", re.MULTILINE)
@@ -108,13 +128,16 @@ def _get(url: str, opener: urllib.request.OpenerDirector | None = None) -> tuple
 class Portal:
     """`make up` as a child process group with its output going to a file."""
 
-    def __init__(self, tmp_path: Path) -> None:
-        self.port = _free_port()
+    def __init__(
+        self, tmp_path: Path, *, port: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        self.port = port or _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.data_dir = tmp_path / "data"
+        self.data_dir = (tmp_path / "data").resolve()
         self.log_path = tmp_path / "make-up.log"
-        env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+        env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV} | (env or {})
         env["PORTAL_DATA_DIR"] = str(self.data_dir)
+        self.env = env
         self.env_marker = f"PORTAL_DATA_DIR={self.data_dir}".encode()
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
@@ -151,14 +174,56 @@ class Portal:
             time.sleep(0.5)
         pytest.fail(f"portal not up after {timeout:.0f}s ({last_error}):\n{self.output}")
 
-    def close(self) -> None:
+    def wait_for_output(self, pattern: str, timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.output, re.MULTILINE)
+            if found:
+                return found
+            time.sleep(0.3)
+        pytest.fail(f"no {pattern!r} in the output after {timeout:.0f}s:\n{self.output}")
+
+    def ctrl_c(self, timeout: float) -> str:
+        """SIGINT to the process group, as a terminal's Ctrl-C; the output once it stopped."""
+        _kill_group(self.process.pid, signal.SIGINT)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"make up still running {timeout:.0f}s after SIGINT:\n{self.output}")
+        return self.output
+
+    def deployment_status(self, name: str) -> str | None:
+        """What the portal's database says of a deployment (read-only, beside the running portal)."""
+        uri = f"file:{self.data_dir / 'portal.sqlite3'}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as db:
+            row = db.execute(
+                "SELECT status FROM serving_deployment WHERE name = ? AND deleted_at IS NULL",
+                (name,),
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def row_counts(self) -> dict[str, int]:
+        tables = {
+            "model": "serving_model",
+            "version": "serving_modelversion",
+            "deployment": "serving_deployment",
+            "key": "serving_inferencekey",
+        }
+        uri = f"file:{self.data_dir / 'portal.sqlite3'}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as db:
+            return {
+                name: int(db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])  # noqa: S608
+                for name, table in tables.items()
+            }
+
+    def close(self, stop_timeout: float = STOP_TIMEOUT) -> None:
         """Leave nothing behind, whatever state the test stopped in."""
         parts = self.started_parts()
         try:
             if self.process.poll() is None:
                 _kill_group(self.process.pid, signal.SIGINT)
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.process.wait(timeout=STOP_TIMEOUT)
+                    self.process.wait(timeout=stop_timeout)
             _kill_group(self.process.pid, signal.SIGKILL)
             if self.process.poll() is None:
                 self.process.wait(timeout=10)
@@ -179,6 +244,32 @@ def _demo_login(output: str) -> tuple[str, str, str]:
     password = re.search(r"^\s+password:\s+(\S+)$", output, re.MULTILINE)
     assert tenant and email and password, f"no demo login printed:\n{output}"
     return tenant[1], email[1], password[1]
+
+
+def _demo_deployment(output: str) -> tuple[str, str]:
+    """The inference key and the completions URL `demo_tenant` printed for the demo."""
+    key = re.search(r"^\s+inference key:\s+(ik_\S+)$", output, re.MULTILINE)
+    curl = re.search(r"^\s+curl -s (\S+/v1/completions) ", output, re.MULTILINE)
+    assert key and curl, f"no demo deployment printed:\n{output}"
+    return key[1], curl[1]
+
+
+def _complete(url: str, key: str, prompt: str = "Hello") -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(  # noqa: S310 (loopback)
+        url,
+        data=json.dumps({"prompt": prompt, "max_tokens": 8}).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with _opener()[0].open(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        try:
+            return exc.code, json.loads(body)
+        except ValueError:
+            return exc.code, {"raw": body.decode(errors="replace")}
 
 
 def _log_in(base: str, email: str, password: str) -> tuple[str, str]:
@@ -208,10 +299,13 @@ def _log_in(base: str, email: str, password: str) -> tuple[str, str]:
 def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
-    portal = Portal(tmp_path)
+    # No data plane: the demo deployment is created and stays pending; the reconcile task and
+    # the status refresh say so in one line each, without tracebacks (checked below).
+    portal = Portal(tmp_path, env={"PORTAL_RAY": "off"})
     try:
         portal.wait_until_up(START_TIMEOUT)
         assert (portal.data_dir / "portal.sqlite3").exists(), "embedded mode uses SQLite"
+        assert "[up] Ray: off (PORTAL_RAY=off); deployments stay pending" in portal.output
 
         slug, email, password = _demo_login(portal.output)
         assert email == os.environ.get("DEMO_EMAIL", "demo@example.com")
@@ -233,13 +327,15 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
         assert set(parts) == {"web", "worker", "beat"}, portal.output
         assert all(_alive(pid) for pid in parts.values()), parts
 
-        _kill_group(portal.process.pid, signal.SIGINT)  # Ctrl-C in the terminal
-        try:
-            portal.process.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"make up still running {STOP_TIMEOUT:.0f}s after SIGINT:\n{portal.output}")
+        # The demo deployment exists and waits for a cluster; the worker retries its reconcile.
+        _demo_deployment(portal.output)
+        assert "Ray is off (PORTAL_RAY=off): the deployment stays pending." in portal.output
+        portal.wait_for_output(
+            r"Task serving\.tasks\.reconcile\[[^]]+\] retry: .*ServeApiError", timeout=30
+        )
+        assert portal.deployment_status("demo") == "pending"
 
-        output = portal.output
+        output = portal.ctrl_c(STOP_TIMEOUT)  # Ctrl-C in the terminal
         assert "[up] stopped (exit 0)" in output, output
         assert "--- Logging error ---" not in output, output  # e.g. a filter breaking a handler
         assert "Traceback" not in output, output
@@ -247,5 +343,103 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
         left = {name: pid for name, pid in parts.items() if _alive(pid)}
         assert not left, f"parts still running after stop: {left}"
         assert not _pids_with_env(portal.env_marker), "processes of this portal are left"
+
+        # A second run (the next `make up`) reuses the demo: no new model, version or key.
+        again = subprocess.run(
+            [str(REPO / ".venv" / "bin" / "python"), "manage.py", "demo_tenant"],
+            cwd=REPO,
+            env=portal.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "Demo deployment 'demo' exists (status pending)" in again.stdout, again.stdout
+        assert "inference key:" not in again.stdout
+        assert portal.row_counts() == {"model": 1, "version": 1, "deployment": 1, "key": 1}
     finally:
         portal.close()
+
+
+@pytest.mark.ray
+def test_make_up_with_the_local_ray_head_serves_the_demo_deployment(tmp_path: Path) -> None:
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    web, *ray_ports = free_ports(8)
+    names = ("GCS", "DASHBOARD", "SERVE", "CLIENT", "AGENT")
+    names += ("AUTOSCALER_METRICS", "DASHBOARD_METRICS")
+    env = {
+        f"PORTAL_RAY_{name}_PORT": str(port) for name, port in zip(names, ray_ports, strict=True)
+    }
+    env["PORTAL_RAY_NUM_GPUS"] = "0"
+    gcs, dashboard, serve = ray_ports[:3]
+    started = time.monotonic()
+    portal = Portal(tmp_path, port=web, env=env)
+    head = LocalHeadConfig(data_dir=portal.data_dir)  # where it keeps its state and temp dir
+    try:
+        portal.wait_until_up(START_TIMEOUT)
+        output = portal.output
+        parts = portal.started_parts()
+        assert list(parts) == ["ray", "web", "worker", "beat"], output  # the head first
+        assert f"Serve proxy on http://127.0.0.1:{serve}/" in output, output
+
+        slug, _, _ = _demo_login(output)
+        key, url = _demo_deployment(output)
+        assert url == f"http://127.0.0.1:{serve}/{slug}/demo/v1/completions"
+
+        # The worker's reconcile puts the demo on Serve; the replica loads the tiny model.
+        last: Any = None
+        while time.monotonic() - started < RAY_SERVE_TIMEOUT:
+            try:
+                status, body = _complete(url, key)
+            except OSError as exc:  # the proxy starts with the first applied config
+                status, body = 0, {"error": str(exc)}
+            if status == 200:
+                break
+            last = (status, body)
+            time.sleep(1)
+        else:
+            pytest.fail(
+                f"no completion in {RAY_SERVE_TIMEOUT:.0f}s (last {last}):\n{portal.output}"
+            )
+        assert body["object"] == "text_completion"
+        assert isinstance(body["choices"][0]["text"], str)
+        assert body["usage"]["completion_tokens"] == 8
+        assert _complete(url, "ik_not-a-key")[0] == 401
+
+        # The beat's status refresh (or the reconcile's follow-up) marks it running.
+        deadline = time.monotonic() + 30
+        while portal.deployment_status("demo") != "running" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert portal.deployment_status("demo") == "running"
+
+        # Every listener of the head (replicas' gRPC servers included) and of the portal's
+        # own processes is on loopback.
+        state = HeadState.read(head.state_path)
+        assert state is not None, "the head recorded no state"
+        ray_procs = head_processes(state)
+        ray_pids = {p.pid for p in ray_procs}
+        listeners = listening_sockets(ray_pids | set(_pids_with_env(portal.env_marker)))
+        exposed = [item for item in listeners if not item.loopback]
+        assert not exposed, f"listeners off loopback: {exposed}"
+        assert set(ray_ports) <= {item.port for item in listeners}, listeners
+        replicas = {p.pid for p in ray_procs if p.name.startswith("ray::ServeRepli")}
+        assert replicas, [p.name for p in ray_procs]
+        assert {item.pid for item in listeners} & replicas, "no replica listener was checked"
+
+        output = portal.ctrl_c(RAY_STOP_TIMEOUT)
+        assert "[up] stopped (exit 0)" in output, output
+        assert "--- Logging error ---" not in output, output
+        # The head stops last, after the other parts.
+        stopping = output.index("[up] stopping")
+        assert output.index('"stopped": [', stopping) > output.index("[web] INFO:     Finished")
+        left = {name: pid for name, pid in parts.items() if _alive(pid)}
+        assert not left, f"parts still running after stop: {left}"
+        assert not [pid for pid in ray_pids if _alive(pid)], "Ray processes are left"
+        assert not _pids_with_env(portal.env_marker), "processes of this portal are left"
+        assert not head.state_path.exists()
+        assert not [port for port in (web, *ray_ports) if _listening(port)]
+    finally:
+        portal.close(RAY_STOP_TIMEOUT)
+        if not head.temp_dir.is_relative_to(portal.data_dir):  # a short one under /tmp
+            shutil.rmtree(head.temp_dir, ignore_errors=True)

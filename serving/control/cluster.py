@@ -61,7 +61,9 @@ DEFAULT_GRACE_S = 3.0
 _FOREIGN_RAY_ENV = ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH", "RAY_DASHBOARD_URL", "RAY_SERVE_URL")
 # What runtime_env's `worker_process_setup_hook` sets; on the head it reaches every worker.
 _SETUP_HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
-_SETUP_HOOK = f"{__name__}.bind_wildcard_grpc_to_loopback"
+# Spelled out, not f"{__name__}...": under `python -m` this module is __main__, a name Ray's
+# workers cannot import.
+_SETUP_HOOK = "serving.control.cluster.bind_wildcard_grpc_to_loopback"
 
 
 class ClusterError(Exception):

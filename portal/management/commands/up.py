@@ -1,8 +1,13 @@
-"""`manage.py up`: one supervisor for the whole portal (web, Celery worker, Celery beat).
+"""`manage.py up`: one supervisor for the whole portal (Ray head, web, Celery worker and beat).
 
 It starts every part as a child process, prefixes their output, stops all of them cleanly on
 Ctrl-C / SIGTERM (SIGTERM, then SIGKILL after a grace period), and stops everything if one
 part dies, exiting non-zero so a service manager notices.
+
+The data plane: when the portal manages its own Ray head (no RAY_ADDRESS) and PORTAL_RAY is not
+`off`, the head (serving.control.cluster's `run`) starts first and the other parts only once its
+dashboard answers, so the worker's first reconcile finds Serve; it stops last, by PID. With
+RAY_ADDRESS (an existing cluster) or PORTAL_RAY=off there is no `ray` part.
 """
 
 from __future__ import annotations
@@ -18,7 +23,36 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+
+from serving.control import cluster
+from serving.control.serve_api import ServeApiClient, ServeApiError
+
+RAY_PART = "ray"
+RAY_OFF_VALUES = ("off", "0", "false", "no")
+# `cluster run` gives up by itself after `ray start` (120 s) plus the dashboard (90 s); this is
+# the supervisor's own limit on top, for a head that hangs without saying so.
+DEFAULT_RAY_TIMEOUT_S = 240.0
+# SIGTERM to `cluster run` stops the head by PID in three steps (raylets, the rest, GCS) of up
+# to its own grace each; the supervisor waits at least this long before killing it.
+RAY_STOP_GRACE_S = 60.0
+
+
+def ray_disabled(environ: dict[str, str] | None = None) -> bool:
+    """PORTAL_RAY=off: run the portal without a data plane (deployments stay pending)."""
+    env = os.environ if environ is None else environ
+    return env.get("PORTAL_RAY", "").strip().lower() in RAY_OFF_VALUES
+
+
+def prepare_embedded() -> None:
+    """Folders of the embedded broker and result store (filesystem transports need them)."""
+    settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
+    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {})
+    for key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
+        if key in options:
+            os.makedirs(options[key], exist_ok=True)
+    if settings.CELERY_RESULT_BACKEND.startswith("file://"):
+        os.makedirs(settings.CELERY_RESULT_BACKEND.removeprefix("file://"), exist_ok=True)
 
 
 @dataclass
@@ -27,10 +61,16 @@ class Part:
     argv: list[str]
     process: subprocess.Popen[bytes] | None = None
     reader: threading.Thread | None = field(default=None, repr=False)
+    # Set by the output reader when the part prints `ready_marker` (the Ray head's started line).
+    ready_marker: str | None = None
+    ready: threading.Event = field(default_factory=threading.Event, repr=False)
 
 
 class Command(BaseCommand):
-    help = "Run the portal: ASGI web server, Celery worker and Celery beat, under one supervisor."
+    help = (
+        "Run the portal: local Ray head (unless RAY_ADDRESS or PORTAL_RAY=off), ASGI web server, "
+        "Celery worker and Celery beat, under one supervisor."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--host", default=os.environ.get("PORTAL_HOST", "127.0.0.1"))
@@ -38,31 +78,101 @@ class Command(BaseCommand):
         parser.add_argument("--no-worker", action="store_true", help="do not start a worker")
         parser.add_argument("--no-beat", action="store_true", help="do not start beat")
         parser.add_argument("--grace", type=float, default=15.0, help="seconds to wait on stop")
+        parser.add_argument(
+            "--no-ray", action="store_true", help="do not start the local Ray head (PORTAL_RAY=off)"
+        )
+        parser.add_argument(
+            "--ray-timeout",
+            type=float,
+            default=float(os.environ.get("PORTAL_RAY_START_TIMEOUT", DEFAULT_RAY_TIMEOUT_S)),
+            help="seconds to wait for the local Ray head's dashboard",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         self._stopping = False
+        self.target = self.ray_target(opts)
         parts = self.plan(opts)
-        self.prepare_embedded()
+        prepare_embedded()
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
         mode = "PostgreSQL + Redis" if settings.REDIS_URL else "embedded (SQLite, local broker)"
         self.stdout.write(f"[up] starting {', '.join(p.name for p in parts)} in {mode} mode")
-        for part in parts:
-            self.start(part)
-        url = f"http://{opts['host']}:{opts['port']}/"
-        ready = self.wait_ready(url + "healthz", parts)
-        if ready:
-            self.stdout.write(f"[up] portal ready on {url} (Ctrl-C stops everything)")
-        exit_code = self.watch(parts) if ready else 1
-        self.stop(parts, opts["grace"])
+        ray = next((p for p in parts if p.name == RAY_PART), None)
+        others = [p for p in parts if p is not ray]
+        ready = True
+        if ray is not None:
+            self.start(ray)
+            ready = self.wait_ray(ray, opts["ray_timeout"])
+        if ready and not self._stopping:
+            if self.target is not None:
+                self.enqueue_reconcile()
+            for part in others:
+                self.start(part)
+            url = f"http://{opts['host']}:{opts['port']}/"
+            ready = self.wait_ready(url + "healthz", parts)
+            if ready:
+                self.stdout.write(f"[up] portal ready on {url} (Ctrl-C stops everything)")
+                self.stdout.write(f"[up] {self.ray_summary()}")
+        exit_code = self.watch(parts) if ready else (0 if self._stopping else 1)
+        self.stdout.write("[up] stopping")
+        self.stop(others, opts["grace"])
+        if ray is not None:
+            self.stop_ray(ray, max(opts["grace"], RAY_STOP_GRACE_S))
         self.stdout.write(f"[up] stopped (exit {exit_code})")
         sys.stdout.flush()
         if exit_code:
             raise SystemExit(exit_code)
 
+    def ray_target(self, opts: dict[str, Any]) -> cluster.RayTarget | None:
+        """Where the data plane is; None when it is off."""
+        if opts["no_ray"] or ray_disabled():
+            return None
+        try:
+            return cluster.ray_target_from_env()
+        except cluster.ClusterConfigError as exc:
+            raise CommandError(f"Ray: {exc} (or set PORTAL_RAY=off to run without it)") from exc
+
+    def enqueue_reconcile(self) -> None:
+        """One reconcile for the worker to run first: a fresh local head has no Serve apps, and
+        an existing cluster may have drifted while the portal was down (unchanged: skipped)."""
+        from serving.control.reconcile import has_deployments
+        from serving.tasks import reconcile
+
+        try:
+            if not has_deployments():
+                return
+            reconcile.delay()
+        except Exception as exc:  # a broker hiccup must not stop the portal
+            self.stderr.write(f"[up] could not enqueue a reconcile of the deployments: {exc}")
+            return
+        self.stdout.write("[up] reconcile enqueued: the worker applies the deployments to Ray")
+
+    def ray_summary(self) -> str:
+        target = self.target
+        if target is None:
+            return "Ray: off (PORTAL_RAY=off); deployments stay pending"
+        where = (
+            f"local head {target.address}, dashboard {target.dashboard_url}"
+            if target.managed
+            else f"existing cluster {target.address}, dashboard {target.dashboard_url}"
+        )
+        return (
+            f"Ray: {where}; Serve proxy on {target.serve_url}/<tenant>/<deployment>/v1/ "
+            "(listening once a deployment is applied)"
+        )
+
     def plan(self, opts: dict[str, Any]) -> list[Part]:
         py = sys.executable
-        parts = [
+        parts = []
+        if self.target is not None and self.target.managed:
+            parts.append(
+                Part(
+                    RAY_PART,
+                    [py, "-m", "serving.control.cluster", "run"],
+                    ready_marker='"started": true',
+                )
+            )
+        parts += [
             Part(
                 "web",
                 [
@@ -92,15 +202,6 @@ class Command(BaseCommand):
             )
         return parts
 
-    def prepare_embedded(self) -> None:
-        settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
-        options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {})
-        for key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
-            if key in options:
-                os.makedirs(options[key], exist_ok=True)
-        if settings.CELERY_RESULT_BACKEND.startswith("file://"):
-            os.makedirs(settings.CELERY_RESULT_BACKEND.removeprefix("file://"), exist_ok=True)
-
     def start(self, part: Part) -> None:
         part.process = subprocess.Popen(  # noqa: S603  (argv built from sys.executable and fixed args)
             part.argv,
@@ -120,6 +221,8 @@ class Command(BaseCommand):
             line = raw.decode(errors="replace").rstrip()
             self.stdout.write(f"[{part.name}] {line}")
             self.stdout.flush()
+            if part.ready_marker is not None and part.ready_marker in line:
+                part.ready.set()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stopping = True
@@ -138,6 +241,46 @@ class Command(BaseCommand):
                 time.sleep(0.3)
         return False
 
+    def wait_ray(self, part: Part, timeout: float) -> bool:
+        """Until the head printed its started line or its dashboard answers; False on failure."""
+        target = self.target
+        if target is None or target.local_head is None:  # plan() adds the part only then
+            return True
+        head = target.local_head
+        probe = ServeApiClient(target.dashboard_url, target.token, timeout=2.0)
+        self.stdout.write(f"[up] waiting for the Ray head (dashboard {target.dashboard_url})")
+        deadline = time.monotonic() + timeout
+        next_probe = time.monotonic() + 2.0
+        while not self._stopping:
+            if part.ready.wait(timeout=0.3):
+                break
+            code = part.process.poll() if part.process is not None else None
+            if code is not None:
+                self.stderr.write(
+                    f"[up] the Ray head did not start (exit {code}); see the [ray] lines above "
+                    f"and {head.log_path}. PORTAL_RAY=off runs the portal without it."
+                )
+                return False
+            if time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + 2.0
+                try:
+                    probe.details()
+                except ServeApiError:
+                    pass
+                else:
+                    break
+            if time.monotonic() >= deadline:
+                self.stderr.write(
+                    f"[up] the Ray head's dashboard ({target.dashboard_url}) did not answer in "
+                    f"{timeout:.0f}s; see {head.log_path}. PORTAL_RAY=off runs the portal "
+                    "without it."
+                )
+                return False
+        if self._stopping:
+            return False
+        self.stdout.write(f"[up] Ray head ready: Serve proxy will listen on {target.serve_url}")
+        return True
+
     def watch(self, parts: list[Part]) -> int:
         while not self._stopping:
             for part in parts:
@@ -149,7 +292,6 @@ class Command(BaseCommand):
         return 0
 
     def stop(self, parts: list[Part], grace: float) -> None:
-        self.stdout.write("[up] stopping")
         for part in reversed(parts):
             if part.process is not None and part.process.poll() is None:
                 part.process.send_signal(signal.SIGTERM)  # warm shutdown; it stops its children
@@ -165,3 +307,17 @@ class Command(BaseCommand):
                 part.process.wait()
             if part.reader is not None:
                 part.reader.join(timeout=2)
+
+    def stop_ray(self, part: Part, grace: float) -> None:
+        """Stop the head last; if `cluster run` could not, stop what is left of it by PID."""
+        self.stop([part], grace)
+        target = self.target
+        if target is None or target.local_head is None:
+            return
+        try:
+            left = cluster.stop_head(target.local_head)  # a no-op once `run` stopped it
+        except OSError as exc:
+            self.stderr.write(f"[up] could not check the Ray head is stopped: {exc}")
+            return
+        if left:
+            self.stderr.write(f"[up] stopped Ray processes left behind: {left}")

@@ -21,7 +21,7 @@ import os
 import random
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +55,24 @@ def _replica_id() -> str:
         return f"pid-{os.getpid()}"
 
 
-class _Publisher:
-    """Publishes the replica's SLI window to Redis once a second."""
+def _app_name() -> str:
+    try:
+        return str(serve.get_replica_context().app_name)
+    except Exception:  # outside a replica (unit tests)
+        return ""
 
-    def __init__(self, recorder: SliRecorder, kv: Any) -> None:
-        self.recorder = recorder
-        self.kv = kv
+
+class _Publisher:
+    """Publishes a replica's snapshot (SLI window, or the router's breakers and recent
+    request lifecycles) to Redis once a second."""
+
+    def __init__(
+        self,
+        snapshot: Callable[[], dict[str, Any]],
+        write: Callable[[Any, str, dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        self.snapshot = snapshot
+        self.write = write
         self.redis_url: str | None = None
         self.prefix = "portal"
         self._redis: Any = None
@@ -77,7 +89,7 @@ class _Publisher:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            snapshot = self.recorder.roll(kv=self.kv())
+            snapshot = self.snapshot()
             if not self.redis_url:
                 continue
             try:
@@ -85,9 +97,9 @@ class _Publisher:
                     import redis.asyncio as aioredis
 
                     self._redis = aioredis.Redis.from_url(self.redis_url)
-                await publish(self._redis, self.prefix, snapshot)
+                await self.write(self._redis, self.prefix, snapshot)
             except Exception as exc:  # telemetry must never take inference down
-                logger.warning("SLI publish failed: %s", exc)
+                logger.warning("telemetry publish failed: %s", exc)
                 self._redis = None
 
 
@@ -104,7 +116,7 @@ class VersionServer:
         self.faults: dict[str, Any] = {}
         self.reloads: list[dict[str, Any]] = []
         self.recorder = SliRecorder(app, group, "", _replica_id())
-        self.publisher = _Publisher(self.recorder, self._kv_stats)
+        self.publisher = _Publisher(lambda: self.recorder.roll(kv=self._kv_stats()), publish)
         self._load_lock = asyncio.Lock()
 
     def _kv_stats(self) -> dict[str, Any]:
@@ -310,9 +322,12 @@ class Router:
         self.handles: dict[str, Any] = {}
         self.breakers: dict[str, CircuitBreaker] = {}
         self.recent = RecentRequests()
+        self.replica = _replica_id()
+        self.publisher = _Publisher(self.stats, _publish_router)
 
-    def reconfigure(self, config: dict[str, Any]) -> None:
+    async def reconfigure(self, config: dict[str, Any]) -> None:
         self.config = config
+        self.publisher.configure(config.get("telemetry") or {})
         self.groups = dict(config.get("groups") or {})
         self.guard = GuardConfig.from_dict(config.get("guard"))
         breaker_config = BreakerConfig.from_dict(config.get("breaker"))
@@ -457,11 +472,24 @@ class Router:
 
     def stats(self) -> dict[str, Any]:
         return {
+            "app": _app_name(),
+            "replica": self.replica,
+            "at": time.time(),
             "pid": os.getpid(),
             "breakers": {n: self._breaker(n).snapshot() for n in self.groups},
             "recent": self.recent.snapshot()[-50:],
             "config_digest": hashlib.sha256(repr(sorted(self.config)).encode()).hexdigest()[:12],
         }
+
+
+async def _publish_router(redis: Any, prefix: str, snapshot: dict[str, Any]) -> None:
+    """`<prefix>:router:<app>`: one JSON value per router replica (breakers, the last
+    request lifecycles with their timestamps)."""
+    key = f"{prefix}:router:{snapshot['app']}"
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hset(key, snapshot["replica"], json.dumps(snapshot, separators=(",", ":")))
+        pipe.expire(key, 10)
+        await pipe.execute()
 
 
 async def _chain(first: dict[str, Any], rest: Any) -> AsyncIterator[dict[str, Any]]:

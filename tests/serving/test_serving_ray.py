@@ -78,6 +78,19 @@ def _greedy(directory: Path, text: str, n: int) -> str:
     return str(tokenizer.decode(seq.output_ids))
 
 
+def _completed_lifecycle(app: str, request_id: str, timeout: float = 10) -> Any:
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    key = f"{settings.SLI_KEY_PREFIX}:router:{app}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for raw in client.hgetall(key).values():
+            for life in json.loads(raw)["recent"]:
+                if life["request_id"] == request_id and life["state"] == "completed":
+                    return life
+        time.sleep(0.3)
+    raise AssertionError(f"no completed lifecycle for {request_id} in {key}")
+
+
 def _pids(cluster: RayCluster, app: str) -> set[int]:
     return {r.pid for r in cluster.client().replicas(app) if r.pid}
 
@@ -128,6 +141,11 @@ def test_deploy_infer_canary_reload_delete(
             assert stream.status_code == 200
             events = [line for line in stream.iter_lines() if line.startswith("data: ")]
         assert events[-1] == "data: [DONE]" and len(events) >= 3
+        # Every request's lifecycle, with a timestamp per state, as the router publishes it.
+        life = _completed_lifecycle(app, answer.headers["x-request-id"])
+        order = ["pending", "validating", "routing", "executing", "completed"]
+        assert list(life["times"]) == order and life["group"] == "stable"
+        assert [life["times"][s] for s in order] == sorted(life["times"][s] for s in order)
 
         # Canary at 20%: about 20% of 500 answers come from it.
         v2_dir = write_tiny_checkpoint(tmp_path / "v2", seed=7)

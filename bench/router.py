@@ -151,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--port", type=int, default=8123)
+    parser.add_argument(
+        "--separate-loops",
+        action="store_true",
+        help="Serve's defaults (user code and handle router on their own loops) for both apps",
+    )
     args = parser.parse_args(argv)
 
     import httpx
@@ -167,7 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-        _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config(args.port)))
+        from serving.control.compile import SAME_LOOP_ENV
+
+        compiled = config(args.port)
+        # Both sides run as the portal configures its apps (or both with Serve's defaults).
+        loops = {} if args.separate_loops else SAME_LOOP_ENV
+        for app in compiled["applications"]:
+            app["runtime_env"] = {"env_vars": {**loops, "PYTHONPATH": str(REPO_ROOT)}}
+        _get_global_client().deploy_apps(ServeDeploySchema.model_validate(compiled))
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             apps = serve.status().applications
@@ -198,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "router",
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "requests": args.requests,
+        "separate_loops": args.separate_loops,
         "bare_ms": {"p50": round(statistics.median(bare_t), 3), "p99": round(pct(bare_t, 0.99), 3)},
         "routed_ms": {
             "p50": round(statistics.median(routed_t), 3),

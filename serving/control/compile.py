@@ -19,6 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ROUTER_IMPORT = "serving.dataplane.app:build_router"
+# Our replicas never block their event loop (the engine steps in its own thread), so user code
+# and the handle router run on the replica's main loop: measured in bench/router.py, this takes
+# ~5 ms off each hop on a 2-core machine (bare Serve p50 16 -> 11 ms, routed 23 -> 16 ms).
+SAME_LOOP_ENV = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+}
 VERSION_IMPORT = "serving.dataplane.app:build_version"
 
 
@@ -240,9 +247,10 @@ def compile_config(
         applications.append(_version_app(spec, "stable", spec.stable, telemetry))
         if spec.canary is not None:
             applications.append(_version_app(spec, "canary", spec.canary, telemetry))
-    if runtime_env:
-        for app in applications:
-            app["runtime_env"] = dict(runtime_env)
+    for app in applications:
+        env = dict(runtime_env or {})
+        env["env_vars"] = {**SAME_LOOP_ENV, **env.get("env_vars", {})}
+        app["runtime_env"] = env
     return {
         "proxy_location": "HeadOnly",
         "http_options": {"host": http_host, "port": http_port},

@@ -362,6 +362,8 @@ class Router:
             return JSONResponse(self._models(), headers=headers)
         life = Lifecycle(request_id)
         self.recent.add(life)
+        # Bound once per request: a reconfigure (new split, canary gone) may land mid-request.
+        breaker: CircuitBreaker | None = None
         try:
             life.to(VALIDATING)
             if not key_ok:
@@ -377,6 +379,7 @@ class Router:
             prompt = openai.prompt_of(kind, body)
             life.to(ROUTING)
             group = self._route(request.headers.get("x-ab-group"))
+            breaker, handle = self._breaker(group), self.handles[group][1]
             life.group = group
             headers["x-ab-group"] = group
             headers["x-model-version"] = str(self.groups[group].get("version", ""))
@@ -389,19 +392,18 @@ class Router:
                 "traceparent": trace.child().header,
             }
             life.to(EXECUTING)
-            handle = self.handles[group][1]
             model = str(self.config.get("deployment", "model"))
             if sampling["stream"]:
                 stream = handle.options(stream=True).generate.remote(payload)
                 first = await stream.__anext__()  # surfaces refusals before the 200
                 return StreamingResponse(
-                    self._sse(kind, request_id, model, group, first, stream, life),
+                    self._sse(kind, request_id, model, breaker, first, stream, life),
                     media_type="text/event-stream",
                     headers=headers,
                 )
             answer = await handle.complete.remote(payload)
             text, reason, usage = answer["text"], answer["finish_reason"], answer["usage"]
-            self._breaker(group).record(True)
+            breaker.record(True)
             life.to(COMPLETED)
             return JSONResponse(
                 openai.completion_body(kind, request_id, model, text, reason, usage),
@@ -413,8 +415,8 @@ class Router:
             refused = _unwrap_refused(exc)
             if refused is not None:
                 return self._fail(life, refused, headers)
-            if life.group is not None:
-                self._breaker(life.group).record(False)
+            if breaker is not None:
+                breaker.record(False)
             upstream = Refused(502, "upstream_error", f"model version failed: {_short(exc)}")
             return self._fail(life, upstream, headers)
 
@@ -440,7 +442,7 @@ class Router:
         kind: str,
         request_id: str,
         model: str,
-        group: str,
+        breaker: CircuitBreaker,
         first: dict[str, Any],
         stream: Any,
         life: Lifecycle,
@@ -452,10 +454,10 @@ class Router:
                 elif event["type"] == "end":
                     yield openai.chunk_event(kind, request_id, model, "", event["finish_reason"])
             yield openai.DONE
-            self._breaker(group).record(True)
+            breaker.record(True)
             life.to(COMPLETED)
         except Exception as exc:
-            self._breaker(group).record(False)
+            breaker.record(False)
             life.to(FAILED, error=_short(exc))
             error = Refused(502, "upstream_error", f"model version failed: {_short(exc)}")
             yield f"data: {json.dumps(error.body())}\n\n".encode()

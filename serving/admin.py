@@ -1,0 +1,88 @@
+"""Admin screens for platform staff: shared KV pools are managed here; tenants' models,
+versions, deployments and revisions are shown read-only (their writes go through services)."""
+
+from typing import Any
+
+from django.contrib import admin
+from django.db import transaction
+from django.http import HttpRequest
+
+from serving.deployment_models import (
+    Deployment,
+    DeploymentRevision,
+    InferenceKey,
+    ReconcileRun,
+    SharedPool,
+)
+from serving.models import Model, ModelVersion
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(SharedPool)
+class SharedPoolAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = [
+        "name",
+        "model_version",
+        "num_replicas",
+        "num_cpus",
+        "num_gpus",
+        "kv_blocks",
+        "is_active",
+    ]
+    list_filter = ["is_active"]
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        from django.conf import settings
+
+        from serving.tasks import reconcile
+
+        if settings.RECONCILE_ON_COMMIT:  # the pool's replicas follow the new settings
+            transaction.on_commit(lambda: reconcile.delay())
+
+
+@admin.register(Model)
+class ModelAdmin(ReadOnlyAdmin):
+    list_display = ["tenant", "name", "task", "created_at"]
+    search_fields = ["name", "tenant__slug"]
+
+
+@admin.register(ModelVersion)
+class ModelVersionAdmin(ReadOnlyAdmin):
+    list_display = ["tenant", "model", "label", "status", "size_bytes", "created_at"]
+    list_filter = ["status"]
+
+
+@admin.register(Deployment)
+class DeploymentAdmin(ReadOnlyAdmin):
+    list_display = ["tenant", "name", "status", "current_revision", "status_at", "deleted_at"]
+    list_filter = ["status"]
+    search_fields = ["name", "tenant__slug"]
+
+
+@admin.register(DeploymentRevision)
+class DeploymentRevisionAdmin(ReadOnlyAdmin):
+    list_display = ["deployment", "number", "reason", "applied_at", "converged_at", "serve_status"]
+    exclude = ["key_hashes"]
+
+
+@admin.register(InferenceKey)
+class InferenceKeyAdmin(ReadOnlyAdmin):
+    list_display = ["tenant", "deployment", "name", "prefix", "is_probe", "revoked_at"]
+    exclude = ["key_hash"]
+
+
+@admin.register(ReconcileRun)
+class ReconcileRunAdmin(ReadOnlyAdmin):
+    list_display = ["started_at", "ok", "skipped", "applications", "duration_ms", "error"]
+    list_filter = ["ok", "skipped"]

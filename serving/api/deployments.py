@@ -10,17 +10,12 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from portal.api.validation import validated
 from serving import deployment_selectors as selectors
 from serving import deployments as services
 from serving.models import Deployment, DeploymentRevision, InferenceKey, KvMode
 from tenants.api.base import TenantScopedViewSet
 from tenants.models import Scope, Tenant
-
-
-def _validated(serializer_class: type, data: Any, **kwargs: Any) -> dict[str, Any]:
-    serializer = serializer_class(data=data, **kwargs)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)
 
 
 class AutoscalingSerializer(serializers.Serializer):
@@ -177,7 +172,7 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
 
     @extend_schema(request=DeploymentCreateSerializer, responses={201: DeploymentCreatedSerializer})
     def create(self, request: Request) -> Response:
-        data = _validated(DeploymentCreateSerializer, request.data)
+        data = validated(DeploymentCreateSerializer, request.data)
         deployment, key = services.deployment_create(
             tenant=self.ctx.tenant,
             actor=self.ctx.actor,
@@ -191,7 +186,7 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
     @extend_schema(request=SettingsSerializer, responses=DeploymentSerializer)
     def partial_update(self, request: Request, pk: str) -> Response:
         deployment = self.get_object()
-        data = _validated(SettingsSerializer, request.data, partial=True)
+        data = validated(SettingsSerializer, request.data, partial=True)
         if "pool" in data:
             raise serializers.ValidationError({"pool": "the pool is chosen at creation"})
         services.deployment_change(
@@ -213,7 +208,7 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
     @action(detail=True, methods=["post"])
     def canary(self, request: Request, pk: str) -> Response:
         deployment = self.get_object()
-        data = _validated(CanarySerializer, request.data)
+        data = validated(CanarySerializer, request.data)
         services.deployment_set_canary(
             tenant=self.ctx.tenant,
             actor=self.ctx.actor,
@@ -227,7 +222,7 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
     @action(detail=True, methods=["post"])
     def traffic(self, request: Request, pk: str) -> Response:
         deployment = self.get_object()
-        data = _validated(TrafficSerializer, request.data)
+        data = validated(TrafficSerializer, request.data)
         services.deployment_set_traffic(
             tenant=self.ctx.tenant,
             actor=self.ctx.actor,
@@ -259,7 +254,7 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
         if request.method == "GET":
             keys = selectors.inference_key_list(tenant=self.ctx.tenant, deployment=deployment)
             return Response(KeySerializer(keys, many=True).data)
-        data = _validated(KeyCreateSerializer, request.data)
+        data = validated(KeyCreateSerializer, request.data)
         key, raw = services.inference_key_create(
             tenant=self.ctx.tenant, actor=self.ctx.actor, deployment=deployment, name=data["name"]
         )

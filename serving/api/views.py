@@ -12,18 +12,13 @@ from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from portal.api.validation import validated
 from serving import artifacts, selectors, services
 from serving.api import filters
 from serving.api import serializers as s
 from serving.models import Model, ModelVersion
 from tenants.api.base import TenantScopedViewSet
 from tenants.models import Tenant
-
-
-def _validated(serializer_class: type, data: Any, **kwargs: Any) -> dict[str, Any]:
-    serializer = serializer_class(data=data, **kwargs)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)
 
 
 class ArchiveParser(BaseParser):
@@ -58,7 +53,7 @@ class ModelViewSet(
 
     @extend_schema(request=s.ModelCreateSerializer, responses={201: s.RegistryModelSerializer})
     def create(self, request: Request) -> Response:
-        data = _validated(s.ModelCreateSerializer, request.data)
+        data = validated(s.ModelCreateSerializer, request.data)
         model = services.model_create(tenant=self.ctx.tenant, actor=self.ctx.actor, **data)
         response = self._out(model)
         response.status_code = status.HTTP_201_CREATED
@@ -67,7 +62,7 @@ class ModelViewSet(
     @extend_schema(request=s.ModelUpdateSerializer, responses=s.RegistryModelSerializer)
     def partial_update(self, request: Request, pk: str) -> Response:
         model = self.get_object()
-        data = _validated(s.ModelUpdateSerializer, request.data)
+        data = validated(s.ModelUpdateSerializer, request.data)
         model = services.model_update(
             tenant=self.ctx.tenant, actor=self.ctx.actor, model=model, **data
         )
@@ -110,7 +105,7 @@ class ModelVersionViewSet(
 
     @extend_schema(request=s.VersionRegisterSerializer, responses={201: s.ModelVersionSerializer})
     def create(self, request: Request, model_pk: str) -> Response:
-        data = _validated(s.VersionRegisterSerializer, request.data)
+        data = validated(s.VersionRegisterSerializer, request.data)
         version = services.version_register_path(
             tenant=self.ctx.tenant, actor=self.ctx.actor, model=self.parent, **data
         )
@@ -131,7 +126,7 @@ class ModelVersionViewSet(
         parser_classes=[ArchiveParser],
     )
     def upload(self, request: Request, model_pk: str) -> Response:
-        params = _validated(s.VersionUploadQuerySerializer, request.query_params)
+        params = validated(s.VersionUploadQuerySerializer, request.query_params)
         content_type = (request.content_type or "").split(";")[0].strip().lower()
         if content_type not in artifacts.UPLOAD_CONTENT_TYPES:
             raise exceptions.UnsupportedMediaType(

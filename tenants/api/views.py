@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.api.validation import validated
 from tenants import selectors, services
 from tenants.actors import Actor
 from tenants.api import filters
@@ -20,12 +21,6 @@ from tenants.api import serializers as s
 from tenants.api.base import TenantScopedViewSet, resolve_context
 from tenants.auth import TokenUser
 from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Quota, Scope, Tenant
-
-
-def _validated(serializer_class: type, data: Any, **kwargs: Any) -> dict[str, Any]:
-    serializer = serializer_class(data=data, **kwargs)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)
 
 
 class TenantViewSet(
@@ -59,7 +54,7 @@ class TenantViewSet(
     def create(self, request: Request) -> Response:
         if isinstance(request.user, TokenUser) or not request.user.is_authenticated:
             raise exceptions.PermissionDenied("Tenants are created by signed-in users, not tokens.")
-        data = _validated(s.TenantCreateSerializer, request.data)
+        data = validated(s.TenantCreateSerializer, request.data)
         tenant = services.tenant_create(
             owner=request.user, name=data["name"], actor=Actor(user=request.user)
         )
@@ -68,7 +63,7 @@ class TenantViewSet(
     @extend_schema(request=s.TenantSerializer, responses=s.TenantSerializer)
     def partial_update(self, request: Request, slug: str) -> Response:
         tenant = self.get_object()
-        data = _validated(s.TenantSerializer, request.data, partial=True)
+        data = validated(s.TenantSerializer, request.data, partial=True)
         if "name" not in data:
             raise exceptions.ValidationError({"name": ["This field is required."]})
         tenant = services.tenant_update(tenant=tenant, actor=self.ctx.actor, name=data["name"])
@@ -93,7 +88,7 @@ class MemberViewSet(
     @extend_schema(request=s.MembershipUpdateSerializer, responses=s.MembershipSerializer)
     def partial_update(self, request: Request, pk: str) -> Response:
         membership = self.get_object()
-        data = _validated(s.MembershipUpdateSerializer, request.data)
+        data = validated(s.MembershipUpdateSerializer, request.data)
         membership = services.membership_set_role(
             tenant=self.ctx.tenant, actor=self.ctx.actor, membership=membership, role=data["role"]
         )
@@ -126,7 +121,7 @@ class InvitationViewSet(
         request=s.InvitationCreateSerializer, responses={201: s.InvitationCreatedSerializer}
     )
     def create(self, request: Request) -> Response:
-        data = _validated(s.InvitationCreateSerializer, request.data)
+        data = validated(s.InvitationCreateSerializer, request.data)
         invitation, raw = services.invitation_create(
             tenant=self.ctx.tenant, actor=self.ctx.actor, email=data["email"], role=data["role"]
         )
@@ -159,7 +154,7 @@ class ApiTokenViewSet(
 
     @extend_schema(request=s.ApiTokenCreateSerializer, responses={201: s.ApiTokenCreatedSerializer})
     def create(self, request: Request) -> Response:
-        data = _validated(s.ApiTokenCreateSerializer, request.data)
+        data = validated(s.ApiTokenCreateSerializer, request.data)
         token, raw = services.api_token_create(tenant=self.ctx.tenant, actor=self.ctx.actor, **data)
         token.token = raw  # type: ignore[attr-defined]
         return Response(s.ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
@@ -196,7 +191,7 @@ class QuotaViewSet(
     @extend_schema(request=s.QuotaSerializer, responses=s.QuotaSerializer)
     def partial_update(self, request: Request, pk: str) -> Response:
         quota = self.get_object()
-        data = _validated(s.QuotaSerializer, request.data, partial=True)
+        data = validated(s.QuotaSerializer, request.data, partial=True)
         quota = services.quota_update(tenant=self.ctx.tenant, actor=self.ctx.actor, changes=data)
         return Response(s.QuotaSerializer(quota).data)
 
@@ -225,7 +220,7 @@ class SignupView(APIView):
 
     @extend_schema(request=s.SignupSerializer, responses={201: s.SignupResultSerializer})
     def post(self, request: Request) -> Response:
-        data = _validated(s.SignupSerializer, request.data)
+        data = validated(s.SignupSerializer, request.data)
         user, tenant = services.signup(
             email=data["email"], password=data["password"], organisation=data["organisation"]
         )
@@ -244,6 +239,6 @@ class InvitationAcceptView(APIView):
     def post(self, request: Request) -> Response:
         if isinstance(request.user, TokenUser):
             raise exceptions.PermissionDenied("Invitations are accepted by people, not tokens.")
-        data = _validated(s.InvitationAcceptSerializer, request.data)
+        data = validated(s.InvitationAcceptSerializer, request.data)
         membership = services.invitation_accept(user=request.user, raw_token=data["token"])
         return Response(s.MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)

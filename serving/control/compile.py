@@ -1,11 +1,16 @@
 """Compile the desired state of every active deployment into one Ray Serve declarative config.
 
-Per portal deployment, three Serve applications:
+Per portal deployment, one or two Serve applications:
 
 * `<key>`: the router (ingress on `/<tenant-slug>/<deployment>`), user_config = keys, split,
-  guard, breaker;
-* `<key>--stable` and `<key>--canary`: version servers without HTTP routes, user_config =
-  which weights (artifact, fingerprint), the tenant's cache salt and block quota, faults.
+  guard, breaker. A dedicated deployment's stable slot runs inside the router's replicas
+  (init arg `local`, user_config `local`), so stable traffic pays no extra actor hop; the
+  router's replicas are the stable slot's (count or autoscaling, CPUs/GPUs);
+* `<key>--canary`: the canary's version server without an HTTP route, reached by handle.
+
+A version slot's user_config says which weights (artifact, fingerprint), the tenant's cache
+salt and block quota, and its faults. A shared deployment's router stays a thin router in
+front of the pool's application (`pool--<name>`).
 
 Everything a rollout or rollback changes lives in user_config, so Serve reconfigures live
 replicas instead of restarting them. Only replica shape (count, CPUs/GPUs, engine sizes,
@@ -104,45 +109,51 @@ def _scaling(spec: DeploymentSpec) -> dict[str, Any]:
     return {"num_replicas": spec.num_replicas or 1}
 
 
+def _version_args(spec: DeploymentSpec, group: str, slot: SlotSpec) -> dict[str, Any]:
+    return {
+        "app": spec.app_name,
+        "group": group,
+        "arch_key": slot.arch_key,
+        "engine": {
+            "num_blocks": spec.kv_blocks,
+            "block_size": spec.block_size,
+            "max_num_seqs": spec.max_num_seqs,
+            "gpu": spec.num_gpus > 0,
+        },
+    }
+
+
+def _version_user_config(
+    spec: DeploymentSpec, group: str, slot: SlotSpec, telemetry: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "version": slot.version,
+        "artifact": slot.artifact,
+        "fingerprint": slot.fingerprint,
+        "kv_mode": spec.kv_mode,
+        "tenants": {
+            spec.tenant_id: {"salt": spec.cache_salt_hex, "quota_blocks": spec.quota_blocks}
+        },
+        "faults": dict(spec.faults.get(group, {})),
+        "telemetry": telemetry,
+    }
+
+
 def _version_app(
     spec: DeploymentSpec, group: str, slot: SlotSpec, telemetry: dict[str, Any]
 ) -> dict[str, Any]:
-    app = f"{spec.app_name}--{group}"
     return {
-        "name": app,
+        "name": f"{spec.app_name}--{group}",
         "route_prefix": None,
         "import_path": VERSION_IMPORT,
-        "args": {
-            "app": spec.app_name,
-            "group": group,
-            "arch_key": slot.arch_key,
-            "engine": {
-                "num_blocks": spec.kv_blocks,
-                "block_size": spec.block_size,
-                "max_num_seqs": spec.max_num_seqs,
-                "gpu": spec.num_gpus > 0,
-            },
-        },
+        "args": _version_args(spec, group, slot),
         "deployments": [
             {
                 "name": "version",
                 **_scaling(spec),
                 "max_ongoing_requests": spec.max_ongoing_requests,
                 "ray_actor_options": {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus},
-                "user_config": {
-                    "version": slot.version,
-                    "artifact": slot.artifact,
-                    "fingerprint": slot.fingerprint,
-                    "kv_mode": spec.kv_mode,
-                    "tenants": {
-                        spec.tenant_id: {
-                            "salt": spec.cache_salt_hex,
-                            "quota_blocks": spec.quota_blocks,
-                        }
-                    },
-                    "faults": dict(spec.faults.get(group, {})),
-                    "telemetry": telemetry,
-                },
+                "user_config": _version_user_config(spec, group, slot, telemetry),
             }
         ],
     }
@@ -188,40 +199,47 @@ def _pool_app(pool: PoolSpec, telemetry: dict[str, Any]) -> dict[str, Any]:
 
 
 def _router_app(spec: DeploymentSpec, telemetry: dict[str, Any]) -> dict[str, Any]:
-    groups = {"stable": spec.stable}
+    groups: dict[str, dict[str, Any]] = {
+        "stable": {"app": spec.app_name, "version": spec.stable.version, "local": True}
+    }
     if spec.canary is not None:
-        groups["canary"] = spec.canary
-    apps = {name: f"{spec.app_name}--{name}" for name in groups}
+        groups["canary"] = {"app": f"{spec.app_name}--canary", "version": spec.canary.version}
+    user_config: dict[str, Any] = {
+        "tenant": spec.tenant_id,
+        "deployment": spec.name,
+        "revision": spec.revision,
+        "key_hashes": sorted(spec.key_hashes),
+        "canary_percent": spec.canary_percent if "canary" in groups else 0,
+        "groups": groups,
+        "guard": dict(spec.guard),
+        "breaker": dict(spec.breaker),
+        "telemetry": telemetry,
+    }
     if spec.pool is not None:
-        apps = {"stable": f"pool--{spec.pool}"}
-        groups = {"stable": spec.stable}
+        user_config["canary_percent"] = 0
+        user_config["groups"] = {
+            "stable": {"app": f"pool--{spec.pool}", "version": spec.stable.version}
+        }
+        shape: dict[str, Any] = {
+            "num_replicas": spec.router_replicas,
+            "max_ongoing_requests": max(64, spec.max_ongoing_requests * 4),
+            "ray_actor_options": {"num_cpus": 0},
+        }
+        args: dict[str, Any] = {}
+    else:
+        user_config["local"] = _version_user_config(spec, "stable", spec.stable, telemetry)
+        shape = {
+            **_scaling(spec),
+            "max_ongoing_requests": spec.max_ongoing_requests,
+            "ray_actor_options": {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus},
+        }
+        args = {"local": _version_args(spec, "stable", spec.stable)}
     return {
         "name": spec.app_name,
         "route_prefix": spec.route_prefix,
         "import_path": ROUTER_IMPORT,
-        "args": {},
-        "deployments": [
-            {
-                "name": "router",
-                "num_replicas": spec.router_replicas,
-                "max_ongoing_requests": max(64, spec.max_ongoing_requests * 4),
-                "ray_actor_options": {"num_cpus": 0},
-                "user_config": {
-                    "tenant": spec.tenant_id,
-                    "deployment": spec.name,
-                    "revision": spec.revision,
-                    "key_hashes": sorted(spec.key_hashes),
-                    "canary_percent": spec.canary_percent if "canary" in groups else 0,
-                    "groups": {
-                        name: {"app": apps[name], "version": slot.version}
-                        for name, slot in groups.items()
-                    },
-                    "guard": dict(spec.guard),
-                    "breaker": dict(spec.breaker),
-                    "telemetry": telemetry,
-                },
-            }
-        ],
+        "args": args,
+        "deployments": [{"name": "router", **shape, "user_config": user_config}],
     }
 
 
@@ -242,10 +260,7 @@ def compile_config(
         if spec.pool is not None and spec.pool not in known_pools:
             raise ValueError(f"{spec.app_name}: shared pool {spec.pool!r} is not configured")
         applications.append(_router_app(spec, telemetry))
-        if spec.pool is not None:
-            continue  # served by the pool's application
-        applications.append(_version_app(spec, "stable", spec.stable, telemetry))
-        if spec.canary is not None:
+        if spec.pool is None and spec.canary is not None:
             applications.append(_version_app(spec, "canary", spec.canary, telemetry))
     for app in applications:
         env = dict(runtime_env or {})

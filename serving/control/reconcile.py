@@ -210,11 +210,13 @@ _WORST = [
 ]
 
 
-def _apps_of(deployment: Deployment, revision: DeploymentRevision) -> list[str]:
+def _apps_of(deployment: Deployment, revision: DeploymentRevision) -> tuple[list[str], list[str]]:
+    """(the deployment's own applications, the shared ones it uses): the router, which serves
+    a dedicated stable slot in-process, and the canary; or a shared pool's application."""
     base = f"{deployment.tenant.slug}--{deployment.name}"
     if revision.kv_mode == KvMode.SHARED and revision.pool is not None:
-        return [base, f"pool--{revision.pool.name}"]
-    return [base, f"{base}--stable"] + ([f"{base}--canary"] if revision.canary_version_id else [])
+        return [base], [f"pool--{revision.pool.name}"]
+    return [base] + ([f"{base}--canary"] if revision.canary_version_id else []), []
 
 
 def _message(info: AppInfo) -> str:
@@ -238,9 +240,10 @@ def refresh_status(*, client: ServeApiClient | None = None) -> dict[int, str]:
         revision = deployment.current_revision
         if revision is None:  # filtered out by the query
             continue
-        names = _apps_of(deployment, revision)
+        own, shared = _apps_of(deployment, revision)
+        names = own + shared
         if deployment.deleted_at is not None:
-            gone = all(name not in apps for name in names[:-1] or names)
+            gone = all(name not in apps for name in own)
             status = DeploymentStatus.DELETED if gone else DeploymentStatus.DELETING
             message = "removed from Serve" if gone else "Serve is removing it"
         elif revision.applied_at is None:

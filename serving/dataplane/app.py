@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -46,6 +47,7 @@ from serving.dataplane.sli import SliRecorder, publish
 from serving.dataplane.traffic import choose_group, continue_trace
 
 logger = logging.getLogger("ray.serve")
+LOCAL_SERVER = "serving.dataplane.app:VersionCore"
 
 
 def _replica_id() -> str:
@@ -103,8 +105,11 @@ class _Publisher:
                 self._redis = None
 
 
-@serve.deployment(name="version")
-class VersionServer:
+class VersionCore:
+    """One version slot's engine: weights (hot-reloaded from user_config), tenants' cache salts
+    and quotas, faults, SLI window. Runs as its own Serve deployment (`VersionServer`: a
+    canary, a shared pool) or inside the router's replica for the stable slot."""
+
     def __init__(self, app: str, group: str, engine: dict[str, Any], arch_key: str = "") -> None:
         self.app, self.group = app, group
         self.engine_options = engine
@@ -314,9 +319,32 @@ class VersionServer:
         }
 
 
+@serve.deployment(name="version")
+class VersionServer(VersionCore):
+    """A version slot as its own Serve deployment, reached through a deployment handle."""
+
+
+def _import(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 @serve.deployment(name="router")
 class Router:
-    def __init__(self) -> None:
+    """The ingress of one portal deployment. A dedicated deployment's stable slot runs inside
+    this replica (`local`): stable requests cost no extra actor hop; the canary (and a
+    shared pool) is reached through a deployment handle."""
+
+    def __init__(self, local: dict[str, Any] | None = None) -> None:
+        self.local: VersionCore | None = None
+        if local:
+            core = _import(str(local.get("server") or LOCAL_SERVER))
+            self.local = core(
+                app=str(local["app"]),
+                group="stable",
+                engine=dict(local.get("engine") or {}),
+                arch_key=str(local.get("arch_key", "")),
+            )
         self.config: dict[str, Any] = {}
         self.groups: dict[str, dict[str, Any]] = {}
         self.handles: dict[str, Any] = {}
@@ -326,6 +354,9 @@ class Router:
         self.publisher = _Publisher(self.stats, _publish_router)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
+        if self.local is not None:
+            # Weights first: a hot reload finishes before the new split routes to them.
+            await self.local.reconfigure(dict(config.get("local") or {}))
         self.config = config
         self.publisher.configure(config.get("telemetry") or {})
         self.groups = dict(config.get("groups") or {})
@@ -338,7 +369,9 @@ class Router:
             if current is None or current.config != breaker_config:
                 current = CircuitBreaker(breaker_config)
             breakers[key] = current
-            if name not in self.handles or self.handles[name][0] != group["app"]:
+            if group.get("local"):
+                self.handles[name] = (group["app"], None)
+            elif name not in self.handles or self.handles[name][0] != group["app"]:
                 handle = serve.get_deployment_handle("version", app_name=group["app"])
                 self.handles[name] = (group["app"], handle)
         self.breakers = breakers
@@ -394,14 +427,20 @@ class Router:
             life.to(EXECUTING)
             model = str(self.config.get("deployment", "model"))
             if sampling["stream"]:
-                stream = handle.options(stream=True).generate.remote(payload)
+                if handle is None:
+                    stream = self._local().generate(payload)
+                else:
+                    stream = handle.options(stream=True).generate.remote(payload)
                 first = await stream.__anext__()  # surfaces refusals before the 200
                 return StreamingResponse(
                     self._sse(kind, request_id, model, breaker, first, stream, life),
                     media_type="text/event-stream",
                     headers=headers,
                 )
-            answer = await handle.complete.remote(payload)
+            if handle is None:
+                answer = await self._local().complete(payload)
+            else:
+                answer = await handle.complete.remote(payload)
             text, reason, usage = answer["text"], answer["finish_reason"], answer["usage"]
             breaker.record(True)
             life.to(COMPLETED)
@@ -419,6 +458,11 @@ class Router:
                 breaker.record(False)
             upstream = Refused(502, "upstream_error", f"model version failed: {_short(exc)}")
             return self._fail(life, upstream, headers)
+
+    def _local(self) -> VersionCore:
+        if self.local is None:
+            raise Refused(503, "no_version", "this router serves no version in-process")
+        return self.local
 
     def _fail(self, life: Lifecycle, exc: Refused, headers: dict[str, str]) -> Response:
         if not life.done:
@@ -483,6 +527,11 @@ class Router:
             "config_digest": hashlib.sha256(repr(sorted(self.config)).encode()).hexdigest()[:12],
         }
 
+    def version_stats(self) -> dict[str, Any]:
+        """The in-process stable slot's stats (what `VersionServer.stats` says for a slot
+        served on its own)."""
+        return self.local.stats() if self.local is not None else {}
+
 
 async def _publish_router(redis: Any, prefix: str, snapshot: dict[str, Any]) -> None:
     """`<prefix>:router:<app>`: one JSON value per router replica (breakers, the last
@@ -520,7 +569,8 @@ def _short(exc: BaseException) -> str:
 
 def build_router(args: dict[str, Any]) -> Any:
     """Application builder for `serving.dataplane.app:build_router`."""
-    return Router.bind()  # type: ignore[attr-defined]  # serve.deployment wraps the class
+    local = args.get("local")
+    return Router.bind(local=dict(local) if local else None)  # type: ignore[attr-defined]
 
 
 def build_version(args: dict[str, Any]) -> Any:

@@ -32,18 +32,20 @@ def test_config_is_valid_for_serve_and_deterministic() -> None:
     config = compile_config([_spec(), _spec(tenant_slug="globex", tenant_id="8")])
     ServeDeploySchema.model_validate(config)
     names = [a["name"] for a in config["applications"]]
-    assert names == [
-        "acme--chat",
-        "acme--chat--stable",
-        "acme--chat--canary",
-        "globex--chat",
-        "globex--chat--stable",
-        "globex--chat--canary",
-    ]
+    assert names == ["acme--chat", "acme--chat--canary", "globex--chat", "globex--chat--canary"]
     router = config["applications"][0]
     assert router["route_prefix"] == "/acme/chat"
-    assert config["applications"][1]["route_prefix"] is None  # versions: no HTTP route
-    assert router["deployments"][0]["user_config"]["key_hashes"] == ["h1", "h2"]
+    assert config["applications"][1]["route_prefix"] is None  # the canary: no HTTP route
+    user_config = router["deployments"][0]["user_config"]
+    assert user_config["key_hashes"] == ["h1", "h2"]
+    # The stable slot runs in the router's replicas; only the canary is a hop away.
+    assert user_config["groups"] == {
+        "stable": {"app": "acme--chat", "version": "v1", "local": True},
+        "canary": {"app": "acme--chat--canary", "version": "v2"},
+    }
+    assert user_config["local"]["artifact"] == "/artifacts/a"
+    assert router["args"]["local"]["arch_key"] == "arch-1"
+    assert router["deployments"][0]["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.0}
     assert config["http_options"]["host"] == "127.0.0.1"
     assert compile_config([_spec()]) == compile_config([_spec()])
 
@@ -79,13 +81,14 @@ def test_autoscaling_uses_serve_field_names() -> None:
     )
     config = compile_config([spec])
     ServeDeploySchema.model_validate(config)
-    version = config["applications"][1]["deployments"][0]
-    assert version["autoscaling_config"] == {
-        "min_replicas": 1,
-        "max_replicas": 4,
-        "target_ongoing_requests": 2,
-    }
-    assert "num_replicas" not in version
+    for app in config["applications"]:  # the router (with stable) and the canary
+        deployment = app["deployments"][0]
+        assert deployment["autoscaling_config"] == {
+            "min_replicas": 1,
+            "max_replicas": 4,
+            "target_ongoing_requests": 2,
+        }
+        assert "num_replicas" not in deployment
 
 
 def test_shared_pool_serves_several_tenants_with_their_own_salts_and_quotas() -> None:
@@ -107,8 +110,12 @@ def test_shared_pool_serves_several_tenants_with_their_own_salts_and_quotas() ->
         "7": {"salt": "aa" * 32, "quota_blocks": 64},
         "8": {"salt": "bb" * 32, "quota_blocks": 32},
     }
-    groups = config["applications"][1]["deployments"][0]["user_config"]["groups"]
+    router = config["applications"][1]
+    groups = router["deployments"][0]["user_config"]["groups"]
     assert groups == {"stable": {"app": "pool--llama-small", "version": "v1"}}
+    # A thin router: no engine of its own, no CPU reserved.
+    assert router["args"] == {} and "local" not in router["deployments"][0]["user_config"]
+    assert router["deployments"][0]["ray_actor_options"] == {"num_cpus": 0}
 
 
 def test_unknown_pool_is_an_error() -> None:

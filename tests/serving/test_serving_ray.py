@@ -103,7 +103,7 @@ def test_deploy_infer_canary_reload_delete(
     key = _key(world_a, deployment)
     key_b = _key(world_b, _served(world_b))
     app = "acme--assistant"
-    _apply(ray_cluster, [app, f"{app}--stable", "globex--assistant"])
+    _apply(ray_cluster, [app, "globex--assistant"])
     deployment.refresh_from_db()
     revision = deployment.current_revision
     assert deployment.status == DeploymentStatus.RUNNING, deployment.status_message
@@ -154,7 +154,7 @@ def test_deploy_infer_canary_reload_delete(
             tenant=world_a.tenant, actor=actor, deployment=deployment, version_id=v2.pk,
             percent=20,
         )  # fmt: skip
-        _apply(ray_cluster, [app, f"{app}--stable", f"{app}--canary"])
+        _apply(ray_cluster, [app, f"{app}--canary"])
         groups: Counter[str] = Counter()
         lock = threading.Lock()
 
@@ -175,7 +175,7 @@ def test_deploy_infer_canary_reload_delete(
         assert 0.14 <= groups["canary"] / 500 <= 0.26, groups
 
         # Weights only (traffic 50%): the same replica processes serve on.
-        before = {name: _pids(ray_cluster, name) for name in (f"{app}--stable", f"{app}--canary")}
+        before = {name: _pids(ray_cluster, name) for name in (app, f"{app}--canary")}
         started = time.monotonic()
         deployments.deployment_set_traffic(
             tenant=world_a.tenant, actor=actor, deployment=deployment, percent=50
@@ -215,11 +215,11 @@ def test_deploy_infer_canary_reload_delete(
         runner = threading.Thread(target=traffic)
         runner.start()
         try:
-            stable_pids = _pids(ray_cluster, f"{app}--stable")
+            stable_pids = _pids(ray_cluster, app)  # the router serves stable in-process
             deployments.deployment_promote(
                 tenant=world_a.tenant, actor=actor, deployment=deployment
             )
-            _apply(ray_cluster, [app, f"{app}--stable"])
+            _apply(ray_cluster, [app])
             deadline = time.monotonic() + 30
             while texts[new_text] < 5 and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -229,14 +229,14 @@ def test_deploy_infer_canary_reload_delete(
         assert not failures, failures[:3]
         assert set(texts) <= {old_text, new_text}, texts
         assert texts[new_text] >= 5
-        assert _pids(ray_cluster, f"{app}--stable") == stable_pids  # hot reload, no restart
+        assert _pids(ray_cluster, app) == stable_pids  # hot reload, no restart
         # The canary's application goes away (Serve deletes it in the background).
         ray_cluster.client().wait_until([f"{app}--canary"], [AppStatus.ABSENT], timeout=60)
 
     # Delete: Serve forgets the deployment's applications.
     deployments.deployment_delete(tenant=world_a.tenant, actor=actor, deployment=deployment)
     control.reconcile(target=ray_cluster.target)
-    ray_cluster.client().wait_until([app, f"{app}--stable"], [AppStatus.ABSENT], timeout=60)
+    ray_cluster.client().wait_until([app], [AppStatus.ABSENT], timeout=60)
     control.refresh_status(client=ray_cluster.client())
     deployment.refresh_from_db()
     assert deployment.status == DeploymentStatus.DELETED

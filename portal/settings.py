@@ -193,6 +193,14 @@ CELERY_BEAT_SCHEDULE = {
         "task": "serving.tasks.refresh_deployment_status",
         "schedule": float(env_int("DEPLOYMENT_STATUS_INTERVAL_S", 5)),
     },
+    "health-tick": {
+        "task": "serving.tasks.health_tick",
+        "schedule": env_float("HEALTH_TICK_S", 2.0),
+    },
+    "sli-prune": {
+        "task": "serving.tasks.prune_sli_samples",
+        "schedule": 60.0,
+    },
 }
 
 # --- Auth -------------------------------------------------------------------------------
@@ -294,6 +302,14 @@ KV_CACHE_SECRET = (
     or hmac.new(SECRET_KEY.encode(), b"kv-cache-salt", hashlib.sha256).hexdigest()
 )
 SLI_KEY_PREFIX = env_str("SLI_KEY_PREFIX", "portal")
+
+# --- The ops loop -------------------------------------------------------------------------
+HEALTH_PROBES = env_bool("HEALTH_PROBES", True)  # synthetic probes through the Serve proxy
+HEALTH_PROBE_TIMEOUT_S = env_float("HEALTH_PROBE_TIMEOUT_S", 5.0)
+# A revision serving without canary and without breach this long becomes the "last good" one.
+HEALTH_GOOD_AFTER_S = env_float("HEALTH_GOOD_AFTER_S", 60.0)
+# A rollback left pending/switching this long (its worker died) is enqueued again.
+ROLLBACK_RESUME_AFTER_S = env_float("ROLLBACK_RESUME_AFTER_S", 10.0)
 # Every deployment change enqueues one reconcile on commit (off in unit tests without Ray).
 RECONCILE_ON_COMMIT = env_bool("RECONCILE_ON_COMMIT", True)
 # Fast buckets (>= 2 / FRACTION req/s) lease a share of their rate per Redis round trip.

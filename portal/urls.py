@@ -8,6 +8,7 @@ api_v1 = [
     path("redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("", include("tenants.api.urls")),
     path("", include("serving.api.urls")),
+    path("", include("incidents.api.urls")),
 ]
 
 urlpatterns = [

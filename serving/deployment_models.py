@@ -78,6 +78,14 @@ class Deployment(TenantOwned):
     )
     created_at = models.DateTimeField(default=timezone.now)
     deleted_at = models.DateTimeField(null=True, blank=True)
+    # The health check: probe + Serve status + the replicas' SLI windows, every N seconds.
+    health_interval_s = models.FloatField(
+        default=2.0, validators=[MinValueValidator(1.0), MaxValueValidator(300.0)]
+    )
+    # The revision traffic goes back to on a rollback (the last one that ran healthy).
+    last_good_revision = models.ForeignKey(
+        "DeploymentRevision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         constraints = [

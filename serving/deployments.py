@@ -44,7 +44,7 @@ BREAKER_LIMITS = {
     "open_s": (0.1, 3600),
     "half_open_probes": (1, 1000),
 }
-FAULT_KEYS = {"error_rate": (0, 1), "latency_ms": (0, 600000)}
+FAULT_KEYS = {"error_rate": (0.0, 1.0), "latency_ms": (0, 600000)}
 
 
 def _enqueue_reconcile() -> None:
@@ -85,6 +85,7 @@ def _checked_map(raw: Any, field: str, limits: Mapping[str, tuple[float, float]]
     clean: dict[str, Any] = {}
     for key, value in raw.items():
         low, high = limits[key]
+        # Limits given as ints are whole-number settings; float limits (rates) are not.
         integer = isinstance(low, int) and isinstance(high, int) and key != "failure_rate"
         clean[key] = _number(value, f"{field}.{key}", low, high, integer=integer)
     return clean
@@ -335,8 +336,10 @@ def deployment_change(
     changes: dict[str, Any],
     reason: str,
     action: str = "deployment.changed",
+    reconcile: bool = True,
 ) -> DeploymentRevision:
-    """A new revision: the current desired state with `changes` applied."""
+    """A new revision: the current desired state with `changes` applied. `reconcile=False`
+    leaves applying it to the caller (a rollback reconciles at once, in its own task)."""
     with transaction.atomic():
         locked = _locked(tenant, deployment)
         current = locked.current_revision
@@ -367,7 +370,8 @@ def deployment_change(
             before=_snapshot(current),
             after=_snapshot(revision),
         )
-        _enqueue_reconcile()
+        if reconcile:
+            _enqueue_reconcile()
     return revision
 
 
@@ -404,11 +408,19 @@ def deployment_set_traffic(
 
 
 def deployment_promote(
-    *, tenant: Tenant, actor: Actor, deployment: Deployment
+    *, tenant: Tenant, actor: Actor, deployment: Deployment, skip_gate: bool = False
 ) -> DeploymentRevision:
+    """The canary becomes stable (a hot reload). A contract whose gate is `block` refuses
+    while the canary misses a gated objective (the error names it)."""
     current = _current(deployment)
     if current is None or current.canary_version_id is None:
         raise ConflictError("there is no canary to promote.", field="deployment")
+    if not skip_gate:
+        from serving.rollouts import gate_for
+
+        verdict, why = gate_for(deployment, current)
+        if verdict == "block":
+            raise ConflictError(f"the SLA contract blocks promotion: {why}", field="gate")
     return deployment_change(
         tenant=tenant,
         actor=actor,

@@ -140,3 +140,15 @@ from serving.deployment_models import (  # noqa: E402, F401
     ReconcileRun,
     SharedPool,
 )
+from serving.ops_models import (  # noqa: E402, F401
+    AnalysisResult,
+    AnalysisRun,
+    Resolution,
+    Rollback,
+    RollbackStatus,
+    Rollout,
+    RolloutPolicy,
+    RolloutStatus,
+    SlaContract,
+    SliSample,
+)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
+
 from portal.celery import task
 from serving import services
 from serving.control.serve_api import ServeApiError
@@ -56,3 +58,45 @@ def refresh_deployment_status() -> dict[int, str]:
     except ServeApiError as exc:  # no cluster yet (starting, or PORTAL_RAY=off): say so once
         logger.warning("deployment status not refreshed: %s", exc)
         return {}
+
+
+@task(queue="health", time_limit=30)
+def health_tick() -> dict[str, object]:
+    """Probe, read the replicas' SLI counters, store and evaluate them against the contracts,
+    act on breaches, advance rollouts (beat, every HEALTH_TICK_S)."""
+    from serving import health
+    from serving.control.cluster import ray_target_from_env
+
+    try:
+        serve_url: str | None = ray_target_from_env().serve_url
+    except Exception:  # no cluster configured: SLIs and contracts still evaluate
+        serve_url = None
+    return health.tick(serve_url=serve_url if settings.HEALTH_PROBES else None)
+
+
+@task(
+    queue="health",
+    time_limit=60,
+    idempotent=True,
+    autoretry_for=(ServeApiError,),
+    retry_backoff=1,
+    retry_backoff_max=10,
+    max_retries=10,
+)
+def execute_rollback(rollback_id: int) -> str | None:
+    """Run or resume one rollback (idempotent: a re-delivered or re-enqueued task finds the
+    revision already written and only finishes what is left)."""
+    from serving.rollbacks import rollback_execute
+
+    rollback = rollback_execute(rollback_id=rollback_id)
+    return None if rollback is None else rollback.status
+
+
+@task(queue="health", time_limit=120)
+def prune_sli_samples() -> dict[str, int]:
+    """Raw SLI rows live an hour, minute rows 30 days."""
+    import time
+
+    from serving.sli_store import prune
+
+    return prune(now=time.time())

@@ -88,3 +88,36 @@ def api_routes() -> list[Route]:
             )
         )
     return routes
+
+
+# --- objects the matrices need that `make_world` does not build -------------------------------
+# Model label -> "module:function" that builds one object of a world's tenant (imported lazily,
+# so this module stays free of app imports). Append an entry for a new model behind a route.
+OBJECT_FACTORIES: dict[str, str] = {
+    "incidents.Incident": "tests.incidents.factories:incident_for_world",
+    "incidents.SlaBreach": "tests.incidents.factories:incident_for_world",
+    "incidents.CauseRule": "tests.incidents.factories:cause_rule_for_world",
+    "incidents.NotificationChannel": "tests.incidents.factories:channel_for_world",
+    "serving.Rollout": "tests.serving.factories:rollout_for_world",
+    "serving.Rollback": "tests.serving.factories:rollback_for_world",
+}
+
+
+def build_object_of(model: Any, world: Any) -> Any:
+    """Build one object of `model` for `world` with its registered factory (None if none)."""
+    import importlib
+
+    spec = OBJECT_FACTORIES.get(model._meta.label)
+    if spec is None:
+        return None
+    module, function = spec.split(":")
+    return getattr(importlib.import_module(module), function)(world)
+
+
+def object_of(model_label: str, world: Any) -> Any:
+    """One object of `model_label` in `world`'s tenant: the first there is, else a new one."""
+    from django.apps import apps
+
+    model = apps.get_model(model_label)
+    found = model.objects.filter(tenant=world.tenant).order_by("id").first()
+    return found if found is not None else build_object_of(model, world)

@@ -1,6 +1,6 @@
 from rest_framework.routers import SimpleRouter
 
-from serving.api import deployments, views
+from serving.api import deployments, ops, views
 
 router = SimpleRouter()
 router.register("models", views.ModelViewSet, basename="model")
@@ -9,6 +9,9 @@ router.register(
 )
 
 router.register("deployments", deployments.DeploymentViewSet, basename="deployment")
+router.register("deployments", ops.DeploymentOpsViewSet, basename="deployment-ops")
+router.register("rollouts", ops.RolloutViewSet, basename="rollout")
+router.register("rollbacks", ops.RollbackViewSet, basename="rollback")
 router.register("inference-keys", deployments.InferenceKeyViewSet, basename="inference-key")
 
 urlpatterns = router.urls

@@ -24,6 +24,7 @@ from serving import artifacts
 from serving.control.cluster import RayTarget, ray_target_from_env
 from serving.control.compile import DeploymentSpec, PoolSpec, SlotSpec, compile_config
 from serving.control.serve_api import AppInfo, AppStatus, ServeApiClient
+from serving.dataplane.keys import hash_key
 from serving.deployment_models import (
     Deployment,
     DeploymentRevision,
@@ -43,6 +44,14 @@ def cache_salt_hex(tenant_id: int) -> str:
     """The tenant's prefix-cache salt: HMAC of the server's secret and the tenant id."""
     secret = settings.KV_CACHE_SECRET.encode()
     return hmac.new(secret, f"tenant:{tenant_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def probe_key(deployment_id: int) -> str:
+    """The health checker's inference key for a deployment, derived (never stored): the
+    portal can always recompute it, and only its hash reaches the router."""
+    secret = settings.KV_CACHE_SECRET.encode()
+    digest = hmac.new(secret, f"probe:{deployment_id}".encode(), hashlib.sha256).hexdigest()
+    return f"ik_probe_{digest[:40]}"
 
 
 def _slot(version: ModelVersion) -> SlotSpec:
@@ -79,7 +88,7 @@ def _spec(deployment: Deployment, revision: DeploymentRevision) -> DeploymentSpe
         block_size=revision.block_size,
         quota_blocks=None,
         cache_salt_hex=cache_salt_hex(tenant.pk),
-        key_hashes=tuple(revision.key_hashes),
+        key_hashes=(*revision.key_hashes, hash_key(probe_key(deployment.pk))),
         guard=revision.guard,
         breaker=revision.breaker,
         faults=revision.faults,

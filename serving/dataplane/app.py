@@ -218,6 +218,8 @@ class VersionCore:
         sampling = request["sampling"]
         guard = GuardConfig.from_dict(request.get("guard"))
         ok, first_at, times, out_ids = False, None, [], []
+        refused: Refused | None = None
+        cancelled = False
         try:
             check_lengths(len(prompt_ids), sampling["max_tokens"], guard)
             self._check_admissible(len(prompt_ids), sampling["max_tokens"], tenant)
@@ -261,21 +263,24 @@ class VersionCore:
                 },
             }
         except Refused as exc:
-            self.recorder.current.record(
-                latency_s=time.time() - started, ok=False, client_error=exc.status < 500
-            )
+            refused = exc
+            raise
+        except (GeneratorExit, asyncio.CancelledError):
+            cancelled = True  # the client went away: not the version's failure
             raise
         finally:
-            if ok or out_ids:
-                gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-                self.recorder.current.record(
-                    latency_s=time.time() - started,
-                    ok=ok,
-                    ttft_s=(first_at - started) if first_at else None,
-                    itl_s=gaps,
-                    tokens_in=len(prompt_ids),
-                    tokens_out=len(out_ids),
-                )
+            # Every request counts once: a refusal (4xx: the client's; 5xx: ours), a failure
+            # before or after the first token, a cancellation, or a completion.
+            gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+            self.recorder.current.record(
+                latency_s=time.time() - started,
+                ok=ok,
+                client_error=cancelled or (refused is not None and refused.status < 500),
+                ttft_s=(first_at - started) if first_at else None,
+                itl_s=gaps,
+                tokens_in=len(prompt_ids),
+                tokens_out=len(out_ids),
+            )
 
     def _check_admissible(self, prompt_tokens: int, max_tokens: int, tenant: str) -> None:
         from serving.engine.engine import EngineFull

@@ -3,7 +3,9 @@
 A window counts requests, errors, tokens and histograms of latency, time to first token and
 inter-token latency (fixed bucket bounds in ms, so windows of replicas add up exactly).
 Published as one JSON value per replica in the hash `<prefix>:sli:<app>:<group>`, which the
-portal's health check reads for every deployment in one pipelined round trip.
+portal's health check reads for every deployment in one pipelined round trip. Each value also
+carries the replica's cumulative `totals` since it started (counters, like Prometheus'): the
+health check takes their deltas, so it loses nothing whatever its own interval.
 """
 
 from __future__ import annotations
@@ -76,6 +78,17 @@ class SliWindow:
         self.tokens_in += tokens_in
         self.tokens_out += tokens_out
 
+    def merge(self, other: SliWindow) -> None:
+        self.requests += other.requests
+        self.errors += other.errors
+        self.rejected += other.rejected
+        self.tokens_in += other.tokens_in
+        self.tokens_out += other.tokens_out
+        for mine, theirs in ((self.latency, other.latency), (self.ttft, other.ttft),
+                             (self.itl, other.itl)):  # fmt: skip
+            for index, count in enumerate(theirs):
+                mine[index] += count
+
     def as_dict(self, ended: float | None = None) -> dict[str, Any]:
         ended = ended or time.time()
         return {
@@ -94,16 +107,19 @@ class SliWindow:
 
 
 class SliRecorder:
-    """The current window plus the last closed one; `roll()` closes the current window."""
+    """The current window, the last closed one and the cumulative totals since the replica
+    started; `roll()` closes the current window into the totals."""
 
     def __init__(self, app: str, group: str, version: str, replica: str) -> None:
         self.app, self.group, self.version, self.replica = app, group, version, replica
         self.current = SliWindow()
+        self.totals = SliWindow()
         self.last: dict[str, Any] | None = None
 
     def roll(self, kv: dict[str, Any] | None = None) -> dict[str, Any]:
         now = time.time()
         window = self.current.as_dict(now)
+        self.totals.merge(self.current)
         self.current = SliWindow(started=now)
         self.last = {
             "app": self.app,
@@ -112,6 +128,7 @@ class SliRecorder:
             "replica": self.replica,
             "pid": os.getpid(),
             "window": window,
+            "totals": self.totals.as_dict(now),
             "kv": kv or {},
         }
         return self.last

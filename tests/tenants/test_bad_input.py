@@ -15,7 +15,7 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from tenants.models import Membership
-from tests.api_routes import api_routes
+from tests.api_routes import api_routes, object_of
 from tests.conftest import TenantWorld, make_user
 
 pytestmark = pytest.mark.django_db
@@ -81,8 +81,47 @@ CASES: list[tuple[str, str, str | None, Any, str]] = [
     ("deployment-canary", "POST", "deployment", {"version": "served", "percent": 10}, "canary_version"),
     ("deployment-traffic", "POST", "deployment", {}, "percent"),
     ("deployment-keys", "POST", "deployment", {"name": ""}, "name"),
+    ("incident-notes", "POST", "object:incidents.Incident", {}, "text"),
+    ("incident-notes", "POST", "object:incidents.Incident", {"text": ""}, "text"),
+    ("incident-notes", "POST", "object:incidents.Incident", {"text": "x" * 10001}, "text"),
+    ("cause-rule-list", "POST", None, {"op": "gte", "threshold": 0.9, "cause": "c"}, "symptom"),
+    ("cause-rule-list", "POST", None, {"symptom": "mood", "op": "gte", "threshold": 1, "cause": "c"}, "symptom"),
+    ("cause-rule-list", "POST", None, {"symptom": "kv_usage", "op": "approx", "threshold": 1, "cause": "c"}, "op"),
+    ("cause-rule-list", "POST", None, {"symptom": "kv_usage", "op": "gte", "cause": "c"}, "threshold"),
+    ("cause-rule-list", "POST", None, {"symptom": "kv_usage", "op": "gte", "threshold": 1}, "cause"),
+    ("cause-rule-list", "POST", None, {"symptom": "kv_usage", "op": "gte", "threshold": 1, "cause": "c", "weight": 11}, "weight"),
+    ("cause-rule-detail", "PATCH", "object:incidents.CauseRule", {"weight": -1}, "weight"),
+    ("cause-rule-detail", "PATCH", "object:incidents.CauseRule", {"threshold": None}, "threshold"),
+    ("notification-channel-list", "POST", None, {"name": "hook", "url": "https://h.example.net/"}, "kind"),
+    ("notification-channel-list", "POST", None, {"kind": "webhook", "url": "https://h.example.net/"}, "name"),
+    ("notification-channel-list", "POST", None, {"kind": "webhook", "name": "hook"}, "url"),
+    ("notification-channel-list", "POST", None, {"kind": "webhook", "name": "hook", "url": "ftp://h.example.net/"}, "url"),
+    ("notification-channel-list", "POST", None, {"kind": "email", "name": "mail"}, "email"),
+    ("notification-channel-list", "POST", None, {"kind": "email", "name": "mail", "email": "not-mail"}, "email"),
+    ("notification-channel-list", "POST", None, {"kind": "email", "name": "mail", "email": "a@b.example", "min_severity": "sev1"}, "min_severity"),
+    ("notification-channel-detail", "PATCH", "object:incidents.NotificationChannel", {"url": ""}, "url"),
+    ("notification-channel-detail", "PATCH", "object:incidents.NotificationChannel", {"name": ""}, "name"),
+]  # fmt: skip
+_BAD_TARGET = "apiVersion: aiops.portal/v1\nkind: SlaContract\nmetadata: {name: c}\nspec:\n  window: 30d\n  objectives:\n    - {name: a, sli: availability, target: -1}\n"
+CASES += [
+    ("deployment-ops-contract", "PUT", "deployment", {}, "source"),
+    ("deployment-ops-contract", "PUT", "deployment", {"source": "spec: [unclosed"}, "document"),
+    ("deployment-ops-contract", "PUT", "deployment", {"source": _BAD_TARGET}, "spec.objectives[0].target"),
+    ("deployment-ops-openslo", "POST", "deployment", {}, "source"),
+    ("deployment-ops-rollbacks", "POST", "deployment", {"revision": 0}, "revision"),
+    ("deployment-ops-rollbacks", "POST", "deployment", {"revision": 99}, "revision"),
+    ("deployment-ops-rollout-policy", "PUT", "deployment", {"steps": []}, "steps"),
+    ("deployment-ops-rollout-policy", "PUT", "deployment", {"steps": [{"weight": 101}]}, "steps[0].weight"),
+    ("deployment-ops-rollout-policy", "PUT", "deployment", {"steps": [{"weight": 5}], "on_failure": "explode"}, "on_failure"),
+    ("deployment-ops-rollouts", "POST", "deployment", {}, "version"),
 ]  # fmt: skip
 BODYLESS |= {("deployment-promote", "POST"), ("inference-key-revoke", "POST")}
+BODYLESS |= {(f"rollout-{verb}", "POST") for verb in ("pause", "resume", "confirm", "abort")}
+BODYLESS |= {
+    ("incident-acknowledge", "POST"),
+    ("incident-mitigate", "POST"),
+    ("incident-resolve", "POST"),
+}
 
 
 def _resolve(body: Any, world: TenantWorld) -> Any:
@@ -145,6 +184,8 @@ def test_bad_input_names_the_field_and_writes_nothing(
         kwargs = {"model_pk": world_a.model.pk}
     elif lookup == "deployment":
         kwargs = {"pk": world_a.tenant.serving_deployment_set.get(name="assistant").pk}
+    elif lookup is not None and lookup.startswith("object:"):  # tests.api_routes.OBJECT_FACTORIES
+        kwargs = {"pk": object_of(lookup.removeprefix("object:"), world_a).pk}
     body = _resolve(body, world_a)
     before = _row_counts()
     response = getattr(client, method.lower())(reverse(name, kwargs=kwargs), body, format="json")

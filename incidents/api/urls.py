@@ -1,0 +1,13 @@
+from rest_framework.routers import SimpleRouter
+
+from incidents.api import views
+
+router = SimpleRouter()
+router.register("incidents", views.IncidentViewSet, basename="incident")
+router.register("breaches", views.BreachViewSet, basename="breach")
+router.register("cause-rules", views.CauseRuleViewSet, basename="cause-rule")
+router.register(
+    "notification-channels", views.NotificationChannelViewSet, basename="notification-channel"
+)
+
+urlpatterns = router.urls

@@ -1,0 +1,227 @@
+"""Telling people about incidents: the live pages (a Channels group per tenant) and the
+tenant's notification channels (signed webhooks, e-mail), delivered by a Celery task with
+retries and exponential backoff. Deliveries are at least once; receivers deduplicate on the
+`X-Portal-Delivery` header.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import transaction
+from django.utils import timezone
+
+from incidents.models import (
+    ChannelKind,
+    DeliveryStatus,
+    Incident,
+    IncidentEvent,
+    NotificationChannel,
+    NotificationDelivery,
+)
+from tenants.models import Tenant
+
+logger = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 6
+TIMEOUT_S = 5.0
+USER_AGENT = "aiops-portal-webhooks/1"
+
+
+def group_name(tenant_id: int) -> str:
+    """The Channels group of a tenant's incident stream."""
+    return f"tenant-{tenant_id}.incidents"
+
+
+def broadcast_on_commit(incident: Incident, kind: str) -> None:
+    """Tell the live pages after commit; a channel layer that is down is logged, not raised."""
+    message = {
+        "type": "incident.updated",
+        "incident": incident.pk,
+        "status": incident.status,
+        "event": kind,
+    }
+    group = group_name(incident.tenant_id)
+
+    def send() -> None:
+        try:
+            layer = get_channel_layer()
+            if layer is not None:
+                async_to_sync(layer.group_send)(group, message)
+        except Exception as exc:  # the write stands; the page catches up on its next load
+            logger.warning("incident event not broadcast to %s: %s", group, exc)
+
+    transaction.on_commit(send)
+
+
+def deliveries_create(
+    *, tenant: Tenant, incident: Incident, event: IncidentEvent
+) -> list[NotificationDelivery]:
+    """One delivery per active channel that admits the incident's severity, inside the
+    caller's transaction; each is sent by a task once the transaction commits."""
+    from incidents.tasks import deliver_notification
+
+    channels = NotificationChannel.objects.filter(tenant=tenant, is_active=True)
+    deliveries = [
+        NotificationDelivery.objects.create(
+            tenant=tenant, channel=channel, incident=incident, event=event
+        )
+        for channel in channels
+        if channel.admits(incident.severity)
+    ]
+    for delivery in deliveries:
+        transaction.on_commit(_enqueue(deliver_notification, delivery.pk))
+    return deliveries
+
+
+def _enqueue(task: Any, delivery_id: int) -> Callable[[], None]:
+    def send() -> None:
+        task.delay(delivery_id)
+
+    return send
+
+
+def sign(secret: str, timestamp: str, body: str) -> str:
+    """`sha256=<hex HMAC-SHA256(secret, "<timestamp>.<body>")>` (Stripe's scheme)."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.{body}".encode(), hashlib.sha256)
+    return f"sha256={mac.hexdigest()}"
+
+
+def incident_url(incident: Incident) -> str:
+    base = str(getattr(settings, "PORTAL_BASE_URL", "")).rstrip("/")
+    return f"{base}/api/v1/incidents/{incident.pk}/"
+
+
+def payload(delivery: NotificationDelivery) -> dict[str, Any]:
+    incident, event = delivery.incident, delivery.event
+    return {
+        "delivery": delivery.pk,
+        "type": f"incident.{event.kind if event else 'updated'}",
+        "incident": {
+            "id": incident.pk,
+            "title": incident.title,
+            "severity": incident.severity,
+            "status": incident.status,
+            "deployment": incident.deployment_id,
+            "is_drill": incident.is_drill,
+            "triggered_at": incident.triggered_at.isoformat(),
+            "url": incident_url(incident),
+        },
+        "event": None
+        if event is None
+        else {"kind": event.kind, "at": event.at.isoformat(), "message": event.message},
+    }
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # sent | pending (retry) | failed | skipped
+    retry_in: int | None = None
+
+
+def _send_webhook(delivery: NotificationDelivery, body: str) -> tuple[int | None, str]:
+    """POST the body; (status code, error) where error is empty on 2xx."""
+    timestamp = str(int(time.time()))
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "X-Portal-Event": json.loads(body)["type"],
+        "X-Portal-Delivery": str(delivery.pk),
+        "X-Portal-Timestamp": timestamp,
+        "X-Portal-Signature": sign(delivery.channel.secret, timestamp, body),
+    }
+    try:
+        response = httpx.post(
+            delivery.channel.url,
+            content=body.encode(),
+            headers=headers,
+            timeout=TIMEOUT_S,
+            follow_redirects=False,
+        )
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}"[:500]
+    if 200 <= response.status_code < 300:
+        return response.status_code, ""
+    return response.status_code, f"HTTP {response.status_code}: {response.text[:300]}"
+
+
+def _send_email(delivery: NotificationDelivery, data: dict[str, Any]) -> str:
+    incident = data["incident"]
+    lines = [
+        f"{incident['title']}",
+        f"Severity: {incident['severity']}   Status: {incident['status']}",
+        f"Triggered: {incident['triggered_at']}",
+    ]
+    if data["event"]:
+        lines.append(f"Event: {data['event']['kind']}: {data['event']['message']}")
+    lines.append(incident["url"])
+    drill = "[drill] " if incident["is_drill"] else ""
+    try:
+        send_mail(
+            subject=f"{drill}[{incident['severity']}] #{incident['id']} {incident['title']}"[:200],
+            message="\n".join(lines),
+            from_email=None,
+            recipient_list=[delivery.channel.email],
+        )
+    except Exception as exc:  # SMTP and socket errors: retried like a 5xx
+        return f"{type(exc).__name__}: {exc}"[:500]
+    return ""
+
+
+def delivery_attempt(*, delivery_id: int) -> Outcome:
+    """One attempt of one delivery. Connection errors, 5xx and 429 are retried after
+    2**attempts seconds, up to MAX_ATTEMPTS; any other answer is final."""
+    delivery = (
+        NotificationDelivery.objects.select_related("channel", "incident", "event")
+        .filter(pk=delivery_id)
+        .first()
+    )
+    if delivery is None or delivery.status != DeliveryStatus.PENDING:
+        return Outcome("skipped")
+    data = payload(delivery)
+    code: int | None = None
+    if delivery.channel.kind == ChannelKind.WEBHOOK:
+        body = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        code, error = _send_webhook(delivery, body)
+        retryable = bool(error) and (code is None or code >= 500 or code == 429)
+    else:
+        error = _send_email(delivery, data)
+        retryable = bool(error)
+    attempts = delivery.attempts + 1
+    now = timezone.now()
+    if not error:
+        status, retry_in = DeliveryStatus.SENT, None
+    elif retryable and attempts < MAX_ATTEMPTS:
+        status, retry_in = DeliveryStatus.PENDING, 2**attempts
+    else:
+        status, retry_in = DeliveryStatus.FAILED, None
+    NotificationDelivery.objects.filter(pk=delivery.pk, status=DeliveryStatus.PENDING).update(
+        status=status,
+        attempts=attempts,
+        last_error=error,
+        response_code=code,
+        sent_at=now if status == DeliveryStatus.SENT else None,
+        next_attempt_at=now + timedelta(seconds=retry_in or 0),
+    )
+    if error:
+        logger.warning(
+            "notification %s to channel %s, attempt %s: %s",
+            delivery.pk,
+            delivery.channel_id,
+            attempts,
+            error,
+        )
+    return Outcome(status, retry_in)

@@ -1,0 +1,297 @@
+"""The ops loop for real: a local Ray cluster, a real Celery worker running the health ticks
+and the rollbacks, traffic through the Serve proxy.
+
+* A canary failing 30% of its requests at 20% traffic -> breach -> incident -> rollback ->
+  100% on stable, inside a bounded loop.
+* The worker killed with SIGKILL in the middle of a rollback (the Serve API answers slowly
+  through a delaying proxy, so the kill lands between the revision and the reconcile) ->
+  after a restart exactly one rollback exists, it is done, and traffic is on stable.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.db import connection
+
+from incidents.models import Incident
+from portal.celery import app as celery_app
+from serving import deployments
+from serving.contracts import contract_set
+from serving.control import reconcile as control
+from serving.models import Deployment, DeploymentStatus, Rollback, RollbackStatus
+from serving.tasks import health_tick
+from tenants.actors import Actor
+from tests.conftest import TenantWorld
+from tests.serving.conftest import RayCluster
+from tests.serving.test_ops_loop import FAST_CONTRACT, _version
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT = "The quick brown fox"
+
+
+class DelayingProxy:
+    """A reverse proxy in front of the Ray dashboard that holds PUTs for `delay_s`: the Serve
+    API answering slowly (what a control-plane delay looks like from the portal)."""
+
+    def __init__(self, upstream: str, delay_s: float) -> None:
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else None
+                if self.command == "PUT":
+                    proxy.held.set()
+                    time.sleep(proxy.delay_s)
+                request = urllib.request.Request(
+                    upstream + self.path, data=body, method=self.command,
+                    headers={k: v for k, v in self.headers.items() if k.lower() != "host"},
+                )  # fmt: skip
+                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+                try:
+                    with opener.open(request, timeout=60) as response:
+                        status, payload, kind = response.status, response.read(), response.headers
+                except urllib.error.HTTPError as exc:
+                    status, payload, kind = exc.code, exc.read(), exc.headers
+                self.send_response(status)
+                self.send_header("content-type", kind.get("content-type", "application/json"))
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_PUT = do_DELETE = do_POST = _forward
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.delay_s = delay_s
+        self.held = threading.Event()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Worker:
+    def __init__(self, tmp: Path, cluster: RayCluster, dashboard_url: str) -> None:
+        db = connection.settings_dict
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "PORTAL_TEST_WORKER": "1",
+            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+            "RAY_ADDRESS": cluster.target.address,
+            "RAY_DASHBOARD_URL": dashboard_url,
+            "RAY_AUTH_TOKEN": cluster.token,
+            "RAY_SERVE_URL": cluster.serve_url,
+            "PORTAL_RAY_SERVE_HOST": "127.0.0.1",
+            "ROLLBACK_RESUME_AFTER_S": "2",
+        }
+        self.tmp = tmp
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log_path = self.tmp / f"worker-{self.starts}.log"
+        self.log = log_path.open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", "default,health",
+             "--concurrency", "1", "--pool", "solo", "--without-gossip", "--without-mingle",
+             "-l", "INFO"],
+            cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while "ready" not in log_path.read_text():
+            assert self.process.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, "worker did not start"
+            time.sleep(0.2)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.log.close()
+
+
+@pytest.fixture
+def worker_factory(tmp_path: Path, ray_cluster: RayCluster) -> Iterator[Callable[..., Worker]]:
+    workers: list[Worker] = []
+    celery_app.conf.task_always_eager = False
+
+    def make(dashboard_url: str | None = None) -> Worker:
+        worker = Worker(tmp_path, ray_cluster, dashboard_url or ray_cluster.dashboard_url)
+        workers.append(worker)
+        return worker
+
+    try:
+        yield make
+    finally:
+        celery_app.conf.task_always_eager = True
+        for worker in workers:
+            worker.stop()
+
+
+class Traffic:
+    """Steady client traffic through the Serve proxy, counting answers per group."""
+
+    def __init__(self, url: str, key: str) -> None:
+        self.url, self.key = url, key
+        self.groups: Counter[str] = Counter()
+        self.statuses: Counter[int] = Counter()
+        self.last_groups: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30, trust_env=False) as http:
+            while not self.stop.is_set():
+                response = http.post(
+                    self.url, json={"prompt": PROMPT, "max_tokens": 1, "temperature": 0},
+                    headers={"authorization": f"Bearer {self.key}"},
+                )  # fmt: skip
+                self.statuses[response.status_code] += 1
+                group = response.headers.get("x-ab-group", "?")
+                self.groups[group] += 1
+                self.last_groups = [*self.last_groups[-49:], group]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+
+def _deploy_failing_canary(world: TenantWorld, cluster: RayCluster) -> tuple[Deployment, str]:
+    actor = Actor(user=world.owner)
+    deployment = Deployment.objects.get(tenant=world.tenant, name="assistant")
+    Deployment.objects.exclude(pk=deployment.pk).update(deleted_at=deployment.created_at)
+    _, key = deployments.inference_key_create(
+        tenant=world.tenant, actor=actor, deployment=deployment, name="client"
+    )
+    contract_set(tenant=world.tenant, actor=actor, deployment=deployment, source=FAST_CONTRACT)
+    v2 = _version(world, "v2")
+    deployments.deployment_change(
+        tenant=world.tenant, actor=actor, deployment=deployment,
+        changes={"canary_version": v2.pk, "canary_percent": 20,
+                 "faults": {"canary": {"error_rate": 0.3}}},
+        reason="canary v2 at 20% (fails 30%)",
+    )  # fmt: skip
+    client = cluster.client()
+    control.reconcile(target=cluster.target, client=client)
+    app = f"{world.tenant.slug}--assistant"
+    client.wait_until([app, f"{app}--canary"], timeout=180)
+    control.refresh_status(client=client)
+    deployment.refresh_from_db()
+    assert deployment.status == DeploymentStatus.RUNNING, deployment.status_message
+    return deployment, key
+
+
+def _tick_until(done: Callable[[], bool], timeout: float) -> float:
+    """Enqueue a health tick every second (as beat does) until `done`; seconds it took."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        health_tick.delay()
+        if done():
+            return time.monotonic() - started
+        time.sleep(1.0)
+    raise AssertionError(f"not done within {timeout} s")
+
+
+def test_a_failing_canary_is_rolled_back_by_the_worker(
+    world_a: TenantWorld, ray_cluster: RayCluster, worker_factory: Callable[..., Worker]
+) -> None:
+    deployment, key = _deploy_failing_canary(world_a, ray_cluster)
+    traffic = Traffic(f"{ray_cluster.serve_url}/acme/assistant/v1/completions", key)
+    worker = worker_factory()
+    worker.start()
+    try:
+        _tick_until(
+            lambda: Rollback.objects.filter(
+                deployment=deployment, status=RollbackStatus.DONE
+            ).exists(),
+            timeout=90,
+        )
+        rollback = Rollback.objects.get(deployment=deployment)
+        incident = Incident.objects.get(tenant=world_a.tenant, deployment=deployment)
+        assert incident.rollback_id == rollback.pk and incident.status == "mitigated"
+        assert traffic.groups["canary"] > 0  # the canary did serve before
+        # Traffic is back on stable: the next 50 answers all come from it.
+        before = sum(traffic.groups.values())
+        deadline = time.monotonic() + 30
+        while sum(traffic.groups.values()) < before + 60 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert traffic.last_groups[-50:] == ["stable"] * 50, traffic.last_groups
+        deployment.refresh_from_db()
+        assert deployment.current_revision.canary_version_id is None
+        switch = (rollback.traffic_switched_at - rollback.detected_at).total_seconds()
+        assert 0 <= switch < 30, switch
+    finally:
+        traffic.close()
+
+
+def test_worker_killed_mid_rollback_leaves_exactly_one(
+    world_a: TenantWorld, ray_cluster: RayCluster, worker_factory: Callable[..., Worker]
+) -> None:
+    from serving.rollbacks import rollback_request
+
+    deployment, key = _deploy_failing_canary(world_a, ray_cluster)
+    slow = DelayingProxy(ray_cluster.dashboard_url, delay_s=8)
+    first = worker_factory(slow.url)
+    first.start()
+    try:
+        rollback, created = rollback_request(
+            tenant=world_a.tenant, deployment=deployment, trigger="manual", reason="kill test"
+        )
+        assert created
+        assert slow.held.wait(30), "the rollback never reached the Serve API"
+        rollback.refresh_from_db()
+        assert rollback.status == RollbackStatus.SWITCHING and rollback.new_revision_id
+        first.kill()  # SIGKILL while its PUT is held by the proxy
+    finally:
+        slow.close()
+    revisions = deployment.revisions.count()
+    second = worker_factory()
+    second.start()
+    _tick_until(
+        lambda: Rollback.objects.get(pk=rollback.pk).status == RollbackStatus.DONE, timeout=60
+    )
+    assert Rollback.objects.filter(deployment=deployment).count() == 1
+    assert deployment.revisions.count() == revisions  # the revision was written once
+    client = ray_cluster.client()
+    app = f"{world_a.tenant.slug}--assistant"
+    client.wait_until([f"{app}--canary"], ["ABSENT"], timeout=60)
+    with httpx.Client(timeout=30, trust_env=False) as http:
+        groups = {
+            http.post(
+                f"{ray_cluster.serve_url}/acme/assistant/v1/completions",
+                json={"prompt": PROMPT, "max_tokens": 1}, headers={"authorization": f"Bearer {key}"},
+            ).headers.get("x-ab-group")
+            for _ in range(20)
+        }  # fmt: skip
+    assert groups == {"stable"}

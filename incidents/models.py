@@ -137,7 +137,9 @@ class Incident(TenantOwned):
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant", "dedup_key"],
-                condition=~models.Q(status="resolved"),
+                # Mitigated incidents take no new breaches: a recurrence after a rollback is a
+                # new incident (and may roll back again); see incidents.services.
+                condition=models.Q(status__in=["triggered", "acknowledged"]),
                 name="incident_one_open_per_key",
             )
         ]

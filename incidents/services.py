@@ -139,8 +139,9 @@ def breach_record(
     burn_short: float | None = None,
     is_drill: bool = False,
 ) -> tuple[SlaBreach, Incident, bool]:
-    """Record a breach; returns (breach, incident, opened). One unresolved incident per
-    deployment slot (deployment, group): another objective breaching joins it as a new breach
+    """Record a breach; returns (breach, incident, opened). One open (triggered or acknowledged)
+    incident per deployment slot (deployment, group); once mitigated, a recurrence opens a new
+    one. Another objective breaching joins the open incident as a new breach
     (and a timeline event); a repeat of the same objective only bumps that breach's
     `occurrences` and `last_seen_at`. `breach.occurrences == 1` tells a new breach. Safe under
     concurrency (the partial unique constraint decides; the loser retries and joins)."""
@@ -197,7 +198,7 @@ def _breach_record_once(
     open_incident = (
         Incident.objects.select_for_update()
         .filter(tenant=tenant, dedup_key=key)
-        .exclude(status=IncidentStatus.RESOLVED)
+        .filter(status__in=[IncidentStatus.TRIGGERED, IncidentStatus.ACKNOWLEDGED])
         .first()
     )
     if open_incident is not None:

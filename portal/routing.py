@@ -6,3 +6,7 @@ from typing import Any
 
 # Apps append their consumers here as they gain live streams (serving: /ws/gpu/, incidents).
 websocket_urlpatterns: list[Any] = []
+
+from incidents.routing import websocket_urlpatterns as incidents_websockets  # noqa: E402
+
+websocket_urlpatterns += incidents_websockets

@@ -18,4 +18,5 @@ urlpatterns = [
     path("healthz", include("portal.health_urls")),
     path("", include("tenants.urls")),
     path("", include("serving.urls")),
+    path("", include("incidents.urls")),
 ]

@@ -47,6 +47,7 @@ LIVE_STATUSES = (
     DeploymentStatus.PENDING,
 )
 PROBE_STATUSES = (DeploymentStatus.RUNNING, DeploymentStatus.UNHEALTHY)
+STALE_S = 5.0  # replicas publish every second; an older value is a stopped replica's
 PROBE_BODY = {"prompt": "health probe", "max_tokens": 1, "temperature": 0}
 
 
@@ -60,6 +61,13 @@ class Target:
     @property
     def app(self) -> str:
         return f"{self.deployment.tenant.slug}--{self.deployment.name}"
+
+    def version(self, group: str) -> str:
+        """The label the slot's replicas publish (`<model>:<version label>`)."""
+        version = (
+            self.revision.canary_version if group == "canary" else self.revision.stable_version
+        )
+        return f"{version.model.name}:{version.label}" if version is not None else ""
 
     @property
     def groups(self) -> list[str]:
@@ -75,13 +83,19 @@ class SlotResult:
     windows: dict[int, Counts] = field(default_factory=dict)
     evaluation: Evaluation | None = None
     kv: dict[str, Any] = field(default_factory=dict)
+    since: float = 0.0  # when this version started serving in the slot
 
 
 def health_targets(*, deployment_ids: list[int] | None = None) -> list[Target]:
     """Every live deployment with a revision, and the contract in force for each."""
     query = Deployment.objects.filter(
         deleted_at__isnull=True, current_revision__isnull=False, status__in=LIVE_STATUSES
-    ).select_related("tenant", "current_revision", "last_good_revision")
+    ).select_related(
+        "tenant",
+        "current_revision__stable_version__model",
+        "current_revision__canary_version__model",
+        "last_good_revision",
+    )
     if deployment_ids is not None:
         query = query.filter(pk__in=deployment_ids)
     targets = {
@@ -220,14 +234,16 @@ def _tick(
     targets = health_targets(deployment_ids=deployment_ids)
     slots: list[tuple[Target, str]] = [(t, g) for t in targets for g in t.groups]
     ids = [str(t.deployment.pk) for t in targets]
-    slot_fields = [f"{t.deployment.pk}:{g}" for t, g in slots]
+    # Both slots of every target: a canary that left keeps its replicas' baselines.
+    slot_fields = [f"{t.deployment.pk}:{g}" for t in targets for g in ("stable", "canary")]
     with r.pipeline(transaction=False) as pipe:
         for target, group in slots:
             pipe.hgetall(f"{keys['sli']}:{target.app}:{group}")
         pipe.hmget(keys["state"], slot_fields or ["-"])
         pipe.hmget(keys["deployments"], ids or ["-"])
         read = pipe.execute()
-    published, states, infos = read[: len(slots)], read[-2], read[-1]
+    published, infos = read[: len(slots)], read[-1]
+    states = dict(zip(slot_fields, read[-2], strict=False))
     info = {t.deployment.pk: (_loads(raw) or {}) for t, raw in zip(targets, infos, strict=False)}
     due = [
         t for t in targets
@@ -243,21 +259,43 @@ def _tick(
     results: dict[Slot, SlotResult] = {}
     new_states: dict[str, str] = {}
     rows: list[SliSample] = []
-    for (target, group), replicas_raw, state_raw in zip(slots, published, states, strict=False):
+    for (target, group), replicas_raw in zip(slots, published, strict=False):
+        state_raw = states.get(f"{target.deployment.pk}:{group}")
         dep = target.deployment
         if dep.pk not in due_ids:
             continue
         state = _loads(state_raw) or {}
         seen = state.get("replicas", {})
-        cumulative = Counts.from_dict(state["cum"]) if state.get("cum") else Counts()
+        version = target.version(group)
+        # A new episode (another version, or a canary that came back): its windows start at 0,
+        # and replicas already seen count only what they serve from now on.
+        fresh = state.get("version") != version or "since" not in state or state.get("ended")
+        if fresh:
+            state.pop("minute", None)
+            state["since"] = now
+        cumulative = Counts.from_dict(state["cum"]) if state.get("cum") and not fresh else Counts()
         delta = Counts()
-        replicas = [json.loads(v) for v in replicas_raw.values()]
+        # A stopped replica's last value lingers in the hash while others refresh its TTL.
+        wall = time.time()
+        replicas = [
+            snapshot
+            for snapshot in (json.loads(v) for v in replicas_raw.values())
+            if wall - float(snapshot.get("window", {}).get("end", wall)) <= STALE_S
+        ]
         now_seen: dict[str, Any] = {}
         for replica in replicas:
             totals = counts_of_totals(replica.get("totals") or {})
             before = seen.get(replica["replica"])
-            delta = delta + replica_delta(totals, Counts.from_dict(before) if before else None)
+            if replica.get("version") != version:
+                # Still the previous version's replica (going away, or mid hot-reload): its
+                # counts are not this version's; keep its baseline for when it switches.
+                if before is not None:
+                    now_seen[replica["replica"]] = before
+                continue
+            if not (fresh and before is not None):  # a known replica joins a new episode at 0
+                delta = delta + replica_delta(totals, Counts.from_dict(before) if before else None)
             now_seen[replica["replica"]] = totals.to_dict()
+        replicas = [r for r in replicas if r.get("version") == version]
         gone = len(set(seen) - set(now_seen)) if seen else 0
         ok, ms, status = probes.get(dep.pk, (None, None, None))
         if group == "stable" and ok is False and status != 502:
@@ -266,12 +304,7 @@ def _tick(
         last_at = float(state.get("at", now - dep.health_interval_s))
         delta.seconds = max(0.0, now - last_at)
         cumulative = cumulative + delta
-        cumulative.seconds = float(state.get("cum", {}).get("seconds", 0)) + delta.seconds
         kv = _kv_summary(replicas, str(dep.tenant_id), gone)
-        version = str(
-            target.revision.canary_version_id if group == "canary"
-            else target.revision.stable_version_id
-        )  # fmt: skip
         slot: Slot = (dep.pk, group)
         rows.append(sample_row(
             tenant_id=dep.tenant_id, slot=slot, version=version, resolution=Resolution.RAW,
@@ -291,12 +324,16 @@ def _tick(
         else:
             minute = {"start": minute["start"], "counts": (minute_counts + delta).to_dict()}
         new_states[f"{dep.pk}:{group}"] = json.dumps(
-            {"at": now, "cum": cumulative.to_dict(), "replicas": now_seen, "minute": minute},
+            {"at": now, "version": version, "since": state["since"], "cum": cumulative.to_dict(),
+             "replicas": now_seen, "minute": minute},
             separators=(",", ":"),
+        )  # fmt: skip
+        results[slot] = SlotResult(
+            delta=delta, cumulative=cumulative, kv=kv, since=float(state["since"])
         )
-        results[slot] = SlotResult(delta=delta, cumulative=cumulative, kv=kv)
 
     _evaluate(now, targets, results)
+    detected = time.time()  # a breach is known from here on (the tick's reads took time)
     new_infos: dict[str, str] = {}
     for target in due:
         dep = target.deployment
@@ -317,6 +354,15 @@ def _tick(
             "kv": {g: results[(dep.pk, g)].kv for g in target.groups if (dep.pk, g) in results},
         }, separators=(",", ":"))  # fmt: skip
     SliSample.objects.bulk_create(rows, batch_size=2000)
+    # A canary that left ends its episode (one that comes back starts from zero) but keeps its
+    # replicas' baselines: a lingering old replica's counts never land in the next episode.
+    for target in due:
+        field_name = f"{target.deployment.pk}:canary"
+        old = _loads(states.get(field_name))
+        if "canary" not in target.groups and old and not old.get("ended"):
+            new_states[field_name] = json.dumps(
+                {"ended": True, "replicas": old.get("replicas", {})}, separators=(",", ":")
+            )
     with r.pipeline(transaction=False) as pipe:
         if new_states:
             pipe.hset(keys["state"], mapping=new_states)
@@ -332,7 +378,7 @@ def _tick(
     if act:
         by_id = {t.deployment.pk: t for t in targets}
         for (dep_id, group), alerts in firing.items():
-            actions += _act(by_id[dep_id], group, alerts, now)
+            actions += _act(by_id[dep_id], group, alerts, detected)
         # Only deployments measured this tick: an analysis never reads stale counters.
         due_by_id = {pk: t for pk, t in by_id.items() if pk in due_ids}
         actions += _advance_rollouts(now, due_by_id, results)
@@ -354,8 +400,9 @@ def _evaluate(now: float, targets: list[Target], results: dict[Slot, SlotResult]
     for target in targets:
         if target.contract is not None:
             lengths.update(target.contract.window_lengths())
-    boundaries = lookup_before(results, {w: now - w for w in lengths})
     by_id = {t.deployment.pk: t for t in targets}
+    episodes = {slot: (by_id[slot[0]].version(slot[1]), r.since) for slot, r in results.items()}
+    boundaries = lookup_before(episodes, {w: now - w for w in lengths})
     for slot, result in results.items():
         contract = by_id[slot[0]].contract
         if contract is None:

@@ -24,10 +24,11 @@ def handle_firing(
     target: Target, group: str, alerts: list[Any], now: float
 ) -> list[dict[str, Any]]:
     from incidents import services as incidents
-    from serving.rollbacks import rollback_request
+    from serving.rollbacks import rollback_request, rollback_run_now
 
     deployment = target.deployment
     tenant = deployment.tenant
+    to_run: list[int] = []
     has_canary = target.revision.canary_version_id is not None
     actions: list[dict[str, Any]] = []
     rolled_back = False
@@ -69,10 +70,12 @@ def handle_firing(
                     )  # fmt: skip
                 else:
                     try:
-                        rollback, _ = rollback_request(
+                        rollback, created = rollback_request(
                             tenant=tenant, deployment=deployment, trigger="breach",
-                            reason=alert.detail, detected_at=as_datetime(now),
+                            reason=alert.detail, detected_at=as_datetime(now), enqueue=False,
                         )  # fmt: skip
+                        if created:
+                            to_run.append(rollback.pk)
                     except ConflictError as exc:
                         incidents.incident_event_append(
                             tenant=tenant, incident=incident, kind="note",
@@ -90,6 +93,10 @@ def handle_firing(
                 ).update(status=RolloutStatus.PAUSED, message=f"paused by breach: {alert.detail}")
                 record["paused"] = bool(paused)
             actions.append(record)
+    # Committed; every breach of this tick is on the incident (so the mitigation that the
+    # rollback brings covers them all): switch traffic now, in this process.
+    for rollback_id in to_run:
+        rollback_run_now(rollback_id)
     return actions
 
 
@@ -97,7 +104,7 @@ def rollout_failed(rollout: Rollout, target: Target, summary: str, now: float) -
     """A rollout's analysis failed beyond its limit: an incident, then a rollback to the
     revision the canary started from (or a pause, `on_failure: pause`)."""
     from incidents import services as incidents
-    from serving.rollbacks import rollback_request
+    from serving.rollbacks import rollback_request, rollback_run_now
 
     deployment = target.deployment
     on_failure = rollout.policy.get("on_failure", "abort")
@@ -112,10 +119,12 @@ def rollout_failed(rollout: Rollout, target: Target, summary: str, now: float) -
         rollout.status, rollout.message = RolloutStatus.PAUSED, f"failed, paused: {summary}"
         rollout.save(update_fields=["status", "message"])
         return {"paused": True, "incident": incident.pk}
-    rollback, _ = rollback_request(
+    rollback, created = rollback_request(
         tenant=deployment.tenant, deployment=deployment, trigger="analysis",
         reason=f"canary analysis failed: {summary}", detected_at=as_datetime(now),
-        rollout=rollout,
+        rollout=rollout, enqueue=False,
     )  # fmt: skip
+    if created:  # after the analysis' transaction commits: switch traffic in this process
+        transaction.on_commit(lambda: rollback_run_now(rollback.pk))
     incidents.incident_link_rollback(tenant=deployment.tenant, incident=incident, rollback=rollback)
     return {"rollback": rollback.pk, "incident": incident.pk}

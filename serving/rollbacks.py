@@ -78,9 +78,11 @@ def rollback_request(
     to_revision_id: int | None = None,
     detected_at: datetime | None = None,
     rollout: Rollout | None = None,
+    enqueue: bool = True,
 ) -> tuple[Rollback, bool]:
     """One Rollback per episode; returns it and whether this call created it. Its execution
-    is enqueued after commit."""
+    is enqueued after commit (`enqueue=False`: the caller runs `rollback_execute` itself, as
+    the health tick does to save the queue hop; the stuck-rollback sweep covers a crash)."""
     with transaction.atomic():
         locked = (
             Deployment.objects.select_for_update(of=("self",))
@@ -139,8 +141,19 @@ def rollback_request(
             tenant=tenant, actor=actor, action="rollback.requested", obj=rollback,
             after={"from": current.number, "to": target.number, "trigger": trigger},
         )  # fmt: skip
-        transaction.on_commit(lambda: _enqueue(rollback.pk))
+        if enqueue:
+            transaction.on_commit(lambda: _enqueue(rollback.pk))
     return rollback, True
+
+
+def rollback_run_now(rollback_id: int) -> None:
+    """Execute in this process (the health tick, right after it detected the breach); a
+    failure hands the rollback to the task, which retries with backoff."""
+    try:
+        rollback_execute(rollback_id=rollback_id)
+    except Exception as exc:  # the Serve API, the database: the task retries
+        logger.warning("rollback %s handed to the task after: %s", rollback_id, exc)
+        _enqueue(rollback_id)
 
 
 def _enqueue(rollback_id: int) -> None:
@@ -155,7 +168,14 @@ def _changes(rollback: Rollback, current: DeploymentRevision) -> dict[str, Any]:
         if rollback.from_revision.canary_version_id is not None
         else rollback.to_revision.stable_version_id
     )
-    return {"stable_version_id": stable, "canary_version_id": None, "canary_percent": 0}
+    # The canary's faults (a drill's) leave with the canary; the stable's stay as they are.
+    faults = {g: f for g, f in (current.faults or {}).items() if g != "canary"}
+    return {
+        "stable_version_id": stable,
+        "canary_version_id": None,
+        "canary_percent": 0,
+        "faults": faults,
+    }
 
 
 def _apply() -> None:

@@ -179,18 +179,24 @@ def _contract(deployment_id: int) -> Contract | None:
 
 
 def since(deployment_id: int, started: float, now: float) -> dict[str, Counts]:
-    """Counts of each slot since `started` (cumulative now minus cumulative then)."""
-    window = max(1, int(now - started))
-    slots = [(deployment_id, "stable"), (deployment_id, "canary")]
-    before = lookup_before(slots, {window: now - window})
+    """Counts of each slot's current version since `started` (its cumulative totals now, as
+    the last health tick stored them, minus those at `started`)."""
     from serving.health import _keys, _loads, _redis
 
-    raw = _redis().hmget(_keys()["state"], [f"{deployment_id}:stable", f"{deployment_id}:canary"])
+    window = max(1, int(now - started))
+    groups = ("stable", "canary")
+    raw = _redis().hmget(_keys()["state"], [f"{deployment_id}:{g}" for g in groups])
+    states = {g: _loads(r) or {} for g, r in zip(groups, raw, strict=True)}
+    episodes = {
+        (deployment_id, g): (str(states[g].get("version", "")), float(states[g].get("since", 0)))
+        for g in groups
+    }
+    before = lookup_before(episodes, {window: now - window})
     out: dict[str, Counts] = {}
-    for (dep, group), state_raw in zip(slots, raw, strict=True):
-        state = _loads(state_raw) or {}
+    for group in groups:
+        state = states[group]
         cumulative = Counts.from_dict(state["cum"]) if state.get("cum") else Counts()
-        then = before.get((dep, group), {}).get(window)
+        then = before.get((deployment_id, group), {}).get(window)
         out[group] = cumulative - then if then is not None else cumulative
     return out
 

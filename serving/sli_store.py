@@ -8,7 +8,7 @@ seek per slot and window (raw rows for windows up to an hour, minute rows beyond
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,8 +20,6 @@ from serving.slo.evaluate import Counts
 RAW_WINDOW_MAX_S = 3600  # windows up to an hour are summed from raw rows
 RAW_RETENTION_S = RAW_WINDOW_MAX_S + 600  # raw rows kept an hour (and a margin for lookups)
 MINUTE_RETENTION_S = 30 * 86400  # minute rows for 30 days
-HIST_FIELDS = (("latency_ms", "latency"), ("ttft_ms", "ttft"), ("itl_ms", "itl"))
-SCALAR_FIELDS = ("requests", "errors", "rejected", "tokens_in", "tokens_out")
 
 Slot = tuple[int, str]  # (deployment id, group)
 
@@ -42,30 +40,41 @@ def as_datetime(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=UTC)
 
 
+Episode = tuple[str, float]  # (version label, since): a slot's counters restart with each
+
+
 def lookup_before(
-    slots: Iterable[Slot], cutoffs: Mapping[int, float]
+    slots: Mapping[Slot, Episode], cutoffs: Mapping[int, float]
 ) -> dict[Slot, dict[int, Counts]]:
-    """For every slot and window length W (cutoff = now - W): the cumulative totals of the newest
-    stored row ending at or before the cutoff; absent when the slot is younger than W (its
-    window then covers everything since it started)."""
-    slots = sorted(set(slots))
-    found: dict[Slot, dict[int, Counts]] = {slot: {} for slot in slots}
-    if not slots or not cutoffs:
+    """For every slot and window length W (cutoff = now - W): the cumulative totals of the
+    newest row of the slot's current episode (its version, since it started serving there)
+    ending at or before the cutoff; absent when the episode is younger than W (its window then
+    covers everything since it started). Cumulative totals restart with each episode."""
+    ordered = sorted(slots.items())
+    found: dict[Slot, dict[int, Counts]] = {slot: {} for slot, _ in ordered}
+    if not ordered or not cutoffs:
         return found
-    deployment_ids = [d for d, _ in slots]
-    groups = [g for _, g in slots]
+    deployment_ids = [d for (d, _), _ in ordered]
+    groups = [g for (_, g), _ in ordered]
+    versions = [v[:64] for _, (v, _) in ordered]
+    since = [as_datetime(t) for _, (_, t) in ordered]
     if connection.vendor == "postgresql":
         parts: list[str] = []
         params: list[Any] = []
         for window, cutoff in sorted(cutoffs.items()):
             resolution = Resolution.RAW if window <= RAW_WINDOW_MAX_S else Resolution.MINUTE
             parts.append(
-                "SELECT s.dep, s.grp, %s AS win, x.cumulative FROM unnest(%s::bigint[], %s::text[])"
-                " AS s(dep, grp) CROSS JOIN LATERAL (SELECT cumulative FROM serving_slisample"
-                ' WHERE deployment_id = s.dep AND "group" = s.grp AND resolution = %s'
-                ' AND "end" <= %s ORDER BY "end" DESC LIMIT 1) x'
+                "SELECT s.dep, s.grp, %s AS win, x.cumulative FROM unnest(%s::bigint[],"
+                " %s::text[], %s::text[], %s::timestamptz[]) AS s(dep, grp, ver, since)"
+                " CROSS JOIN LATERAL (SELECT cumulative FROM serving_slisample"
+                ' WHERE deployment_id = s.dep AND "group" = s.grp AND version = s.ver'
+                ' AND resolution = %s AND "end" >= s.since AND "end" <= %s'
+                ' ORDER BY "end" DESC LIMIT 1) x'
             )
-            params += [window, deployment_ids, groups, int(resolution), as_datetime(cutoff)]
+            params += [
+                window, deployment_ids, groups, versions, since, int(resolution),
+                as_datetime(cutoff),
+            ]  # fmt: skip
         with connection.cursor() as cursor:
             cursor.execute(" UNION ALL ".join(parts), params)
             for dep, grp, window, cumulative in cursor.fetchall():
@@ -73,14 +82,16 @@ def lookup_before(
                 found[(dep, grp)][window] = Counts.from_dict(value)
         return found
     # Embedded mode (SQLite, a handful of deployments): one small query per slot and window.
-    for slot in slots:
+    for slot, (version, started) in ordered:
         for window, cutoff in cutoffs.items():
             resolution = Resolution.RAW if window <= RAW_WINDOW_MAX_S else Resolution.MINUTE
             row = (
                 SliSample.objects.filter(
                     deployment_id=slot[0],
                     group=slot[1],
+                    version=version[:64],
                     resolution=resolution,
+                    end__gte=as_datetime(started),
                     end__lte=as_datetime(cutoff),
                 )  # fmt: skip
                 .order_by("-end")

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from serving import views
+from serving import ops_views, views
 
 urlpatterns = [
     path("t/<slug:slug>/models/", views.models_page, name="serving-models"),
@@ -65,5 +65,66 @@ urlpatterns = [
         "t/<slug:slug>/deployments/<int:pk>/keys/<int:key_pk>/revoke/",
         views.inference_key_revoke,
         name="serving-deployment-key-revoke",
+    ),
+    # The ops loop of one deployment (serving.ops_views): contract, health, rollouts, rollbacks.
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/contract/",
+        ops_views.contract_page,
+        name="serving-deployment-contract",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/contract/v<int:version>/",
+        ops_views.contract_version_page,
+        name="serving-deployment-contract-version",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/contract/import/",
+        ops_views.contract_import,
+        name="serving-deployment-contract-import",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/health/",
+        ops_views.health_page,
+        name="serving-deployment-health",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/health/live/",
+        ops_views.health_live,
+        name="serving-deployment-health-live",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/health/series/",
+        ops_views.health_series,
+        name="serving-deployment-health-series",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/rollouts/",
+        ops_views.rollouts_page,
+        name="serving-deployment-rollouts",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/rollouts/progress/",
+        ops_views.rollout_progress,
+        name="serving-deployment-rollout-progress",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/rollouts/policy/",
+        ops_views.rollout_policy,
+        name="serving-deployment-rollout-policy",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/rollouts/start/",
+        ops_views.rollout_start,
+        name="serving-deployment-rollout-start",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/rollouts/<int:rollout_pk>/<slug:action>/",
+        ops_views.rollout_action,
+        name="serving-deployment-rollout-action",
+    ),
+    path(
+        "t/<slug:slug>/deployments/<int:pk>/rollbacks/",
+        ops_views.rollbacks_panel,
+        name="serving-deployment-rollbacks",
     ),
 ]

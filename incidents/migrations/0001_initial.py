@@ -163,6 +163,6 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='incident',
-            constraint=models.UniqueConstraint(condition=models.Q(('status', 'resolved'), _negated=True), fields=('tenant', 'dedup_key'), name='incident_one_open_per_key'),
+            constraint=models.UniqueConstraint(condition=models.Q(('status__in', ['triggered', 'acknowledged'])), fields=('tenant', 'dedup_key'), name='incident_one_open_per_key'),
         ),
     ]

@@ -312,3 +312,12 @@ def test_concurrent_breaches_open_one_incident(world_a: TenantWorld) -> None:
     only = SlaBreach.objects.get(tenant=world_a.tenant)
     assert only.occurrences == threads_n
     assert IncidentEvent.objects.filter(tenant=world_a.tenant, kind="breach").count() == 1
+
+
+def test_a_recurrence_after_mitigation_opens_a_new_incident(world_a: TenantWorld) -> None:
+    """A mitigated incident (say, rolled back) takes no new breaches: the same objective
+    breaching again later is a new incident, so the ops loop acts on it again."""
+    _, first, _ = breach(world_a)
+    services.incident_mitigate(tenant=world_a.tenant, actor=None, incident=first)
+    again, second, opened = breach(world_a)
+    assert opened and second.pk != first.pk and again.occurrences == 1

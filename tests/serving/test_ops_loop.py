@@ -100,7 +100,10 @@ class Replica:
 
     def __init__(self, deployment: Deployment, group: str, name: str) -> None:
         app = f"{deployment.tenant.slug}--{deployment.name}"
-        self.recorder = SliRecorder(app, group, "v", name)
+        revision = Deployment.objects.get(pk=deployment.pk).current_revision
+        version = revision.canary_version if group == "canary" else revision.stable_version
+        # The label a version replica publishes once its weights are loaded.
+        self.recorder = SliRecorder(app, group, f"{version.model.name}:{version.label}", name)
 
     def serve(self, ok: int, failed: int = 0, latency_s: float = 0.02) -> None:
         for _ in range(ok):
@@ -201,6 +204,18 @@ def test_a_failing_canary_opens_one_incident_and_one_rollback(
     with django_capture_on_commit_callbacks(execute=True):
         health.tick(now=now + 2)
     assert Incident.objects.filter(tenant=world_a.tenant).count() == 1
+    assert Rollback.objects.filter(tenant=world_a.tenant).count() == 1
+    # The same version as canary again, healthy this time: its windows start from zero, the
+    # failed episode's errors are not held against it.
+    canary.serve(ok=0)  # the old replica lingers in the hash (same version label)
+    deploy.deployment_set_canary(
+        tenant=world_a.tenant, actor=actor, deployment=deployment, version_id=v2.pk, percent=20
+    )
+    Replica(deployment, "canary", "c2").serve(ok=20)
+    stable.serve(ok=80)
+    with django_capture_on_commit_callbacks(execute=True):
+        again = health.tick(now=now + 4)
+    assert again["firing"] == 0, again
     assert Rollback.objects.filter(tenant=world_a.tenant).count() == 1
 
 

@@ -1,0 +1,516 @@
+"""Pages of the ops loop on one deployment: the SLA contract editor (errors inline, versions,
+OpenSLO), live health (objectives, budgets, burn rates, probe, KV) with an SLI chart, rollouts
+(policy, start, progress, pause/resume/confirm/abort) and the rollback history."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from redis.exceptions import RedisError
+
+from portal.exceptions import PortalError
+from serving import contracts, deployment_selectors, health, ops_forms, rollbacks, rollouts
+from serving import selectors as registry
+from serving.dataplane.sli import quantile
+from serving.deployment_models import Deployment
+from serving.models import VersionStatus
+from serving.ops_models import Resolution, Rollback, RollbackStatus, Rollout, SliSample
+from serving.slo.counts import pct
+from serving.slo.errors import FieldError
+from tenants.actors import Actor
+from tenants.models import Scope, Tenant
+from tenants.scoping import get_for_tenant
+from tenants.views import tenant_page
+
+# name -> (seconds back, stored resolution); longer ranges are summed into at most MAX_POINTS.
+RANGES = {
+    "15m": (900, Resolution.RAW),
+    "1h": (3600, Resolution.MINUTE),
+    "24h": (86400, Resolution.MINUTE),
+    "7d": (7 * 86400, Resolution.MINUTE),
+}
+MAX_POINTS = 720
+# action -> (service, what the page says when it worked)
+ROLLOUT_ACTIONS = {
+    "pause": (rollouts.rollout_pause, "Rollout paused."),
+    "resume": (rollouts.rollout_resume, "Rollout resumed."),
+    "confirm": (rollouts.rollout_confirm, "Confirmed: the canary is promoted."),
+    "abort": (rollouts.rollout_abort, "Rollout aborted: traffic goes back to stable."),
+}
+
+
+def _actor(request: HttpRequest) -> Actor:
+    return Actor(user=request.user)
+
+
+def _can_deploy(request: HttpRequest) -> bool:
+    return Scope.DEPLOY in request.membership.scopes  # type: ignore[attr-defined]
+
+
+def _require_deploy(request: HttpRequest) -> None:
+    if not _can_deploy(request):
+        raise PermissionDenied("Your role cannot change this deployment.")
+
+
+def _deployment_get(tenant: Tenant, pk: int) -> Deployment:
+    """A live deployment of `tenant`; missing, deleted and foreign ones are the same 404."""
+    return get_for_tenant(deployment_selectors.deployment_list(tenant=tenant), tenant=tenant, pk=pk)
+
+
+# --- Contract --------------------------------------------------------------------------------
+
+
+def _contract_page(
+    request: HttpRequest,
+    tenant: Tenant,
+    deployment: Deployment,
+    *,
+    form: ops_forms.ContractForm | None = None,
+    errors: list[FieldError] | None = None,
+    import_form: ops_forms.OpenSloImportForm | None = None,
+    import_errors: list[FieldError] | None = None,
+) -> HttpResponse:
+    current = contracts.contract_current(tenant=tenant, deployment=deployment)
+    if form is None:
+        restore = request.GET.get("from", "")
+        restored = (
+            contracts.contract_list(tenant=tenant, deployment=deployment)
+            .filter(version=int(restore))
+            .first()
+            if restore.isdigit()
+            else None
+        )
+        shown = restored or current
+        source = shown.source if shown is not None else None
+        form = ops_forms.ContractForm(
+            initial={"source": source or ops_forms.STARTER.format(name=deployment.name)}
+        )
+    context = {
+        "d": deployment,
+        "current": current,
+        "versions": contracts.contract_list(tenant=tenant, deployment=deployment).select_related(
+            "created_by"
+        )[:50],
+        "form": form,
+        "errors": errors or [],
+        "lines": ops_forms.numbered(form["source"].value() or "", errors or []) if errors else None,
+        "import_form": import_form or ops_forms.OpenSloImportForm(),
+        "import_errors": import_errors or [],
+        "import_lines": ops_forms.numbered(import_form["text"].value() or "", import_errors)
+        if import_form is not None and import_errors
+        else None,
+        "current_lines": ops_forms.numbered(current.source) if current else None,
+        "can_deploy": _can_deploy(request),
+    }
+    return render(request, "serving/ops/contract.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+@tenant_page()
+def contract_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
+    deployment = _deployment_get(tenant, pk)
+    if request.method == "GET":
+        return _contract_page(request, tenant, deployment)
+    _require_deploy(request)
+    form = ops_forms.ContractForm(request.POST)
+    if not form.is_valid():
+        return _contract_page(request, tenant, deployment, form=form)
+    before = contracts.contract_current(tenant=tenant, deployment=deployment)
+    try:
+        row = contracts.contract_set(
+            tenant=tenant, actor=_actor(request), deployment=deployment,
+            source=form.cleaned_data["source"],
+        )  # fmt: skip
+    except contracts.ContractInvalid as exc:
+        return _contract_page(request, tenant, deployment, form=form, errors=exc.errors)
+    except PortalError as exc:
+        form.add_error("source", exc.message)
+        return _contract_page(request, tenant, deployment, form=form)
+    if before is not None and row.pk == before.pk:
+        messages.info(request, "No change: the contract in force is the same.")
+    else:
+        messages.success(request, f"Saved {row}: in force from the next health check.")
+    return redirect("serving-deployment-contract", slug=tenant.slug, pk=deployment.pk)
+
+
+@require_GET
+@tenant_page()
+def contract_version_page(
+    request: HttpRequest, tenant: Tenant, pk: int, version: int
+) -> HttpResponse:
+    deployment = _deployment_get(tenant, pk)
+    row = contracts.contract_list(tenant=tenant, deployment=deployment).filter(version=version)
+    contract = row.select_related("created_by").first()
+    if contract is None:
+        raise Http404("No such contract version.")
+    current = contracts.contract_current(tenant=tenant, deployment=deployment)
+    context = {
+        "d": deployment,
+        "contract": contract,
+        "is_current": current is not None and current.pk == contract.pk,
+        "lines": ops_forms.numbered(contract.source),
+        "can_deploy": _can_deploy(request),
+    }
+    return render(request, "serving/ops/contract_version.html", context)
+
+
+@require_POST
+@tenant_page(Scope.DEPLOY)
+def contract_import(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
+    deployment = _deployment_get(tenant, pk)
+    form = ops_forms.OpenSloImportForm(request.POST, request.FILES)
+    if not form.is_valid():
+        return _contract_page(request, tenant, deployment, import_form=form)
+    try:
+        row, warnings = contracts.contract_import_openslo(
+            tenant=tenant, actor=_actor(request), deployment=deployment,
+            text=form.cleaned_data["text"],
+        )  # fmt: skip
+    except contracts.ContractInvalid as exc:
+        return _contract_page(
+            request, tenant, deployment, import_form=form, import_errors=exc.errors
+        )
+    except PortalError as exc:
+        form.add_error("text", exc.message)
+        return _contract_page(request, tenant, deployment, import_form=form)
+    messages.success(request, f"Imported OpenSLO as {row}.")
+    for warning in warnings:
+        messages.warning(request, f"Not imported: {warning}")
+    return redirect("serving-deployment-contract", slug=tenant.slug, pk=deployment.pk)
+
+
+# --- Health ----------------------------------------------------------------------------------
+
+
+def _number(value: Any, ratio: bool) -> str:
+    if value is None:
+        return "–"
+    return pct(float(value)) if ratio else f"{float(value):.4g}"
+
+
+def _objective_view(objective: dict[str, Any], windows: list[str]) -> dict[str, Any]:
+    ok, ratio = objective.get("ok"), objective.get("kind") == "ratio"
+    budget, bar = objective.get("budget"), None
+    if ratio and budget and budget.get("total"):
+        remaining = float(budget["remaining"])
+        width = round(min(1.0, max(0.0, remaining)) * 100, 1)
+        bar = {"remaining": remaining, "width": width, "text": pct(remaining)}
+    burns = objective.get("burn_rates") or {}
+    return {
+        **objective,
+        "state": "nodata" if ok is None else ("ok" if ok else "breach"),
+        "target_text": _number(objective.get("target") if ratio else objective.get("limit"), ratio),
+        "value_text": _number(objective.get("value"), ratio),
+        "bar": bar,
+        "burns": [
+            {"window": w, "value": burns.get(w), "hot": (burns.get(w) or 0) >= 1} for w in windows
+        ],  # fmt: skip
+    }
+
+
+def health_view(deployment: Deployment) -> dict[str, Any]:
+    """What the last health tick found for the deployment, shaped for the template."""
+    try:
+        raw = health.deployment_health(deployment.pk)
+    except RedisError:
+        return {"unavailable": True, "slots": []}
+    slots = []
+    for group in ("stable", "canary"):
+        evaluation = (raw.get("slots") or {}).get(group)
+        kv = (raw.get("kv") or {}).get(group)
+        if evaluation is None and kv is None:
+            continue
+        objectives = (evaluation or {}).get("objectives", [])
+        windows = list(dict.fromkeys(w for o in objectives for w in o.get("burn_rates") or {}))
+        if kv and kv.get("blocks_total"):
+            kv = {**kv, "usage": f"{kv['blocks_used'] / kv['blocks_total']:.0%}"}
+        slots.append({
+            "group": group,
+            "windows": windows,
+            "objectives": [_objective_view(o, windows) for o in objectives],
+            "firing": (evaluation or {}).get("firing", []),
+            "worst_action": (evaluation or {}).get("worst_action"),
+            "kv": kv,
+        })  # fmt: skip
+    checked = raw.get("checked_at")
+    age = time.time() - float(checked) if checked else None
+    return {
+        "checked_at": datetime.fromtimestamp(float(checked), tz=UTC) if checked else None,
+        "age_s": age,
+        "stale": age is not None and age > 3 * deployment.health_interval_s + 5,
+        "probe": raw.get("probe"),
+        "probe_failures": raw.get("probe_failures", 0),
+        "contract_version": raw.get("contract_version"),
+        "revision": raw.get("revision"),
+        "slots": slots,
+    }
+
+
+@require_GET
+@tenant_page()
+def health_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
+    deployment = _deployment_get(tenant, pk)
+    context = {
+        "d": deployment,
+        "h": health_view(deployment),
+        "contract": contracts.contract_current(tenant=tenant, deployment=deployment),
+        "ranges": ["15m", *[r for r in RANGES if r != "15m"]],
+    }
+    return render(request, "serving/ops/health.html", context)
+
+
+@require_GET
+@tenant_page()
+def health_live(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
+    """The live health panel; htmx polls it every 2 s."""
+    deployment = _deployment_get(tenant, pk)
+    context = {"d": deployment, "h": health_view(deployment)}
+    return render(request, "serving/ops/_health_live.html", context)
+
+
+def sli_series(tenant: Tenant, deployment: Deployment, range_name: str) -> dict[str, Any]:
+    """Requests/s, error ratio and p95 latency per slot, on one time axis (uPlot's shape),
+    summed into buckets so a range never has more than MAX_POINTS points."""
+    seconds, resolution = RANGES[range_name]
+    bucket = max(int(resolution), math.ceil(seconds / MAX_POINTS))
+    rows = SliSample.objects.filter(
+        tenant=tenant, deployment=deployment, resolution=resolution,
+        end__gte=timezone.now() - timedelta(seconds=seconds),
+    ).values_list("group", "start", "end", "requests", "errors", "rejected", "latency")  # fmt: skip
+    sums: dict[str, dict[int, list[Any]]] = {}
+    for group, start, end, requests, errors, rejected, latency in rows.iterator():
+        key = int(end.timestamp()) // bucket * bucket
+        acc = sums.setdefault(group, {}).setdefault(key, [0.0, 0, 0, 0, []])
+        acc[0] += (end - start).total_seconds()
+        acc[1], acc[2], acc[3] = acc[1] + requests, acc[2] + errors, acc[3] + rejected
+        if latency and len(latency) == len(acc[4]):
+            acc[4] = [a + b for a, b in zip(acc[4], latency, strict=True)]
+        elif latency and not acc[4]:
+            acc[4] = list(latency)
+    x = sorted({key for by_key in sums.values() for key in by_key})
+    series: dict[str, dict[str, list[float | None]]] = {}
+    for group in ("stable", "canary"):
+        if group not in sums:
+            continue
+        out: dict[str, list[float | None]] = {"rps": [], "error_ratio": [], "p95_ms": []}
+        for key in x:
+            cell = sums[group].get(key)
+            served = cell[1] - cell[3] if cell else 0
+            p95 = quantile(cell[4], 0.95) if cell and cell[4] else None
+            out["rps"].append(round(cell[1] / cell[0], 3) if cell and cell[0] > 0 else None)
+            out["error_ratio"].append(round(cell[2] / served, 5) if cell and served > 0 else None)
+            out["p95_ms"].append(p95 if p95 is not None and math.isfinite(p95) else None)
+        series[group] = out
+    return {"range": range_name, "bucket_s": bucket, "x": x, "series": series}
+
+
+@require_GET
+@tenant_page()
+def health_series(request: HttpRequest, tenant: Tenant, pk: int) -> JsonResponse:
+    deployment = _deployment_get(tenant, pk)
+    range_name = request.GET.get("range", "15m")
+    if range_name not in RANGES:
+        return JsonResponse({"error": f"range must be one of {', '.join(RANGES)}"}, status=400)
+    return JsonResponse(sli_series(tenant, deployment, range_name))
+
+
+# --- Rollouts and rollbacks ------------------------------------------------------------------
+
+
+def _rollout_steps(rollout: Rollout) -> list[dict[str, Any]]:
+    finished = rollout.status == "successful"
+    return [
+        {
+            **step,
+            "number": index + 1,
+            "state": "done"
+            if finished or index < rollout.step_index
+            else ("current" if index == rollout.step_index else "pending"),
+        }  # fmt: skip
+        for index, step in enumerate(rollout.steps)
+    ]
+
+
+def _rollout_context(
+    request: HttpRequest, tenant: Tenant, deployment: Deployment
+) -> dict[str, Any]:
+    recent = list(
+        Rollout.objects.filter(tenant=tenant, deployment=deployment)
+        .select_related("canary_version__model", "base_revision", "created_by")
+        .order_by("-started_at")[:10]
+    )
+    rollout = next((r for r in recent if r.is_active), recent[0] if recent else None)
+    return {
+        "d": deployment,
+        "rollout": rollout,
+        "steps": _rollout_steps(rollout) if rollout else [],
+        "analyses": list(rollout.analyses.order_by("-at")[:20]) if rollout else [],
+        "recent": recent,
+        "can_deploy": _can_deploy(request),
+    }
+
+
+def _rollback_context(
+    request: HttpRequest, tenant: Tenant, deployment: Deployment
+) -> dict[str, Any]:
+    rows = list(
+        Rollback.objects.filter(tenant=tenant, deployment=deployment)
+        .select_related(
+            "from_revision__stable_version__model",
+            "to_revision__stable_version__model",
+            "new_revision",
+            "created_by",
+        )  # fmt: skip
+        .order_by("-created_at")[:20]
+    )
+
+    def span(a: datetime | None, b: datetime | None) -> float | None:
+        return None if a is None or b is None else (b - a).total_seconds()
+
+    history = [{"r": r, "to_start": span(r.detected_at, r.started_at),
+                "to_switch": span(r.started_at, r.traffic_switched_at),
+                "to_finish": span(r.traffic_switched_at, r.finished_at),
+                "total": span(r.detected_at, r.finished_at)} for r in rows]  # fmt: skip
+    current = deployment.current_revision
+    target = rollbacks.rollback_target(deployment, current) if current is not None else None
+    return {
+        "d": deployment,
+        "history": history,
+        "target": target,
+        "busy": any(r.status in (RollbackStatus.PENDING, RollbackStatus.SWITCHING) for r in rows),
+        "can_deploy": _can_deploy(request),
+    }
+
+
+def _rollouts_page(
+    request: HttpRequest,
+    tenant: Tenant,
+    deployment: Deployment,
+    *,
+    policy_form: ops_forms.PolicyForm | None = None,
+    start_form: ops_forms.RolloutStartForm | None = None,
+) -> HttpResponse:
+    policy = getattr(deployment, "rollout_policy", None)
+    revision = deployment.current_revision
+    versions = registry.version_list(tenant=tenant).filter(status=VersionStatus.READY)
+    if revision is not None:
+        versions = versions.exclude(pk=revision.stable_version_id)
+    context = {
+        **_rollback_context(request, tenant, deployment),
+        **_rollout_context(request, tenant, deployment),
+        "policy": policy,
+        "policy_form": policy_form
+        or ops_forms.PolicyForm(initial=ops_forms.PolicyForm.initial_from(policy)),
+        "start_form": start_form
+        or ops_forms.RolloutStartForm(versions=versions.order_by("model__name", "-id")),
+    }
+    return render(request, "serving/ops/rollouts.html", context)
+
+
+@require_GET
+@tenant_page()
+def rollouts_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
+    return _rollouts_page(request, tenant, _deployment_get(tenant, pk))
+
+
+@require_GET
+@tenant_page()
+def rollout_progress(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
+    """The rollout progress panel; htmx polls it every 2 s while a rollout is active."""
+    deployment = _deployment_get(tenant, pk)
+    context = _rollout_context(request, tenant, deployment)
+    return render(request, "serving/ops/_rollout_progress.html", context)
+
+
+@require_POST
+@tenant_page(Scope.DEPLOY)
+def rollout_policy(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
+    deployment = _deployment_get(tenant, pk)
+    form = ops_forms.PolicyForm(request.POST)
+    if form.is_valid():
+        try:
+            rollouts.policy_set(
+                tenant=tenant, actor=_actor(request), deployment=deployment,
+                values=form.cleaned_data,
+            )  # fmt: skip
+        except PortalError as exc:
+            form.add_error(form.error_field(exc.field), form.error_message(exc.field, exc.message))
+        else:
+            messages.success(request, "Rollout policy saved.")
+            return redirect("serving-deployment-rollouts", slug=tenant.slug, pk=deployment.pk)
+    return _rollouts_page(request, tenant, deployment, policy_form=form)
+
+
+@require_POST
+@tenant_page(Scope.DEPLOY)
+def rollout_start(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
+    deployment = _deployment_get(tenant, pk)
+    versions = registry.version_list(tenant=tenant).filter(status=VersionStatus.READY)
+    form = ops_forms.RolloutStartForm(request.POST, versions=versions)
+    if form.is_valid():
+        try:
+            rollout = rollouts.rollout_start(
+                tenant=tenant, actor=_actor(request), deployment=deployment,
+                version_id=form.cleaned_data["version"].pk,
+            )  # fmt: skip
+        except PortalError as exc:
+            form.add_error(None, exc.message)
+        else:
+            messages.success(request, f"Rollout of {rollout.canary_version} started.")
+            return redirect("serving-deployment-rollouts", slug=tenant.slug, pk=deployment.pk)
+    return _rollouts_page(request, tenant, deployment, start_form=form)
+
+
+@require_POST
+@tenant_page(Scope.DEPLOY)
+def rollout_action(
+    request: HttpRequest, tenant: Tenant, pk: int, rollout_pk: int, action: str
+) -> HttpResponse:
+    deployment = _deployment_get(tenant, pk)
+    if action not in ROLLOUT_ACTIONS:
+        raise Http404("No such rollout action.")
+    service, done = ROLLOUT_ACTIONS[action]
+    rollout = get_for_tenant(
+        Rollout.objects.filter(deployment=deployment).select_related("deployment"),
+        tenant=tenant, pk=rollout_pk,
+    )  # fmt: skip
+    try:
+        service(tenant=tenant, actor=_actor(request), rollout=rollout)
+    except PortalError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, done)
+    return redirect("serving-deployment-rollouts", slug=tenant.slug, pk=deployment.pk)
+
+
+@require_http_methods(["GET", "POST"])
+@tenant_page()
+def rollbacks_panel(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
+    """GET: the rollback history panel (loaded into the deployment page, polled while one
+    runs). POST: roll back to the previous revision now."""
+    deployment = _deployment_get(tenant, pk)
+    if request.method == "GET":
+        context = _rollback_context(request, tenant, deployment)
+        return render(request, "serving/ops/_rollbacks.html", context)
+    _require_deploy(request)
+    try:
+        rollback, created = rollbacks.rollback_request(
+            tenant=tenant, deployment=deployment, trigger="manual",
+            reason=f"rolled back by {request.user.email} from the portal",  # type: ignore[union-attr]
+            actor=_actor(request),
+        )  # fmt: skip
+    except PortalError as exc:
+        messages.error(request, exc.message)
+    else:
+        verb = "started" if created else "already under way"
+        messages.success(request, f"Rollback to revision #{rollback.to_revision.number} {verb}.")
+    return redirect("serving-deployment", slug=tenant.slug, pk=deployment.pk)

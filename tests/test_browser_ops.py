@@ -1,0 +1,212 @@
+"""Live ops pages in headless Chromium (Playwright, sync API): an incident's detail page and the
+incident list follow the tenant's stream over a real WebSocket, and the health page draws its
+SLI charts with uPlot.
+
+Django's live_server is a WSGI server (no WebSockets) and daphne (channels' live server) is not
+installed, so these tests serve the real ASGI app (`portal.asgi.application`: HTTP, static
+files through WhiteNoise, Channels with the Redis layer) with uvicorn, as production does
+(`portal/serve.py`), in a thread on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from django.db import connection, connections
+from django.utils import timezone
+from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
+
+from incidents import services
+from serving import health
+from serving.contracts import contract_set
+from serving.models import Deployment, DeploymentStatus
+from tenants.actors import Actor
+from tests.conftest import PASSWORD, TenantWorld, make_world
+from tests.incidents.factories import breach
+from tests.incidents.slis import sample
+from tests.serving.test_ops_pages import CONTRACT, publish_sli
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    # WhiteNoise serves static files with a sync iterator; under ASGI Django warns (accepted in
+    # docs/architecture.md, "Static files in ASGI"). The filter is global while a test runs,
+    # so it covers the server's thread too.
+    pytest.mark.filterwarnings(
+        "ignore:StreamingHttpResponse must consume synchronous iterators:Warning"
+    ),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _allow_orm_beside_playwright() -> Iterator[None]:
+    # Playwright's sync API keeps an asyncio loop running in this thread (see test_browser.py);
+    # scoped to this module so subprocesses started by other tests never inherit it.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        yield
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    with sync_playwright() as pw:
+        yield pw
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is not installed: run .ci/ensure-services (make test does)")
+    browser = playwright.chromium.launch(
+        executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+    )
+    try:
+        yield browser
+    finally:
+        browser.close()
+
+
+@pytest.fixture
+def asgi_url(transactional_db: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The portal's ASGI app under uvicorn in a thread, on a free loopback port."""
+    from portal.asgi import application
+
+    # The server's worker threads end with the test: no persistent connections (the settings
+    # dict is shared by every thread's connection), or they would be left open behind it.
+    monkeypatch.setitem(connections["default"].settings_dict, "CONN_MAX_AGE", 0)
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        application, lifespan="off", log_level="warning", ws="websockets-sansio"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture
+def page(browser: Browser, asgi_url: str) -> Iterator[Page]:
+    context = browser.new_context(base_url=asgi_url)
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    try:
+        yield page
+    finally:
+        context.close()  # before the server stops: its sockets close cleanly
+
+
+def _log_in(page: Page, world: TenantWorld) -> None:
+    page.goto("/accounts/login/")
+    page.get_by_label("Username").fill(world.operator.username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_test_id("tenant-heading")).to_be_visible()
+
+
+def _in_another_thread(work: Any) -> None:
+    """Run a service call as the web or a worker would: in its own thread (and connection).
+    Not in the test's thread, where Playwright's loop runs and async_to_sync (the broadcast
+    after commit) would refuse to work."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # reported in the test's thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    assert not errors, errors
+
+
+def test_a_note_and_a_status_change_appear_live(page: Page, tmp_path: Path) -> None:
+    world = make_world("Acme")
+    incident = breach(world)[1]
+    _log_in(page, world)
+    page.goto(f"/t/{world.tenant.slug}/incidents/{incident.pk}/")
+    live = page.get_by_test_id("incidents-live")
+    expect(live).to_have_attribute("data-live", "open")  # the socket is connected
+    page.evaluate("window.__sameDocument = true")  # gone if the page reloads
+    note = "Canary rolled back by hand; watching p95."
+
+    _in_another_thread(lambda: services.incident_note(
+        tenant=world.tenant, actor=Actor(user=world.owner), incident=incident, text=note,
+    ))  # fmt: skip
+    expect(page.get_by_test_id("timeline")).to_contain_text(note, timeout=5_000)
+    assert page.evaluate("window.__sameDocument") is True
+    expect(page.get_by_test_id("incident-status")).to_have_text("Triggered")
+    page.screenshot(path=str(tmp_path / "incident-note-live.png"), full_page=True)
+
+    # The list follows too: another user's acknowledgement changes the row in place.
+    page.goto(f"/t/{world.tenant.slug}/incidents/")
+    expect(page.get_by_test_id("incidents-live")).to_have_attribute("data-live", "open")
+    page.evaluate("window.__sameDocument = true")
+    _in_another_thread(lambda: services.incident_acknowledge(
+        tenant=world.tenant, actor=Actor(user=world.owner), incident=incident,
+    ))  # fmt: skip
+    row = page.locator(f"#incident-{incident.pk}")
+    expect(row.get_by_test_id("incident-status")).to_have_text("Acknowledged", timeout=5_000)
+    # ...and a new incident, not shown yet, brings the table up to date.
+    opened: list[int] = []
+    _in_another_thread(lambda: opened.append(breach(world, group="canary")[1].pk))
+    expect(page.locator(f"#incident-{opened[0]}")).to_be_visible(timeout=5_000)
+    assert page.evaluate("window.__sameDocument") is True
+    page.screenshot(path=str(tmp_path / "incident-list-live.png"), full_page=True)
+
+
+def test_health_panel_follows_the_tick_and_charts_draw(page: Page, tmp_path: Path) -> None:
+    world = make_world("Acme")
+    deployment = Deployment.objects.get(tenant=world.tenant, name="assistant")
+    Deployment.objects.filter(pk=deployment.pk).update(status=DeploymentStatus.RUNNING)
+    contract_set(tenant=world.tenant, actor=Actor(user=world.owner), deployment=deployment,
+                 source=CONTRACT)  # fmt: skip
+    now = timezone.now()
+    for seconds in range(120, 0, -10):
+        sample(deployment, now - timedelta(seconds=seconds), requests=50, errors=seconds % 3)
+    _log_in(page, world)
+    page.goto(f"/t/{world.tenant.slug}/deployments/{deployment.pk}/health/")
+    expect(page.get_by_test_id("health-none")).to_be_visible()
+    chart = page.get_by_test_id("sli-chart")
+    expect(chart).to_have_attribute("data-points", "12")
+    expect(chart.locator("canvas")).to_have_count(3)
+    expect(chart.locator(".u-title")).to_have_text(
+        ["Requests/s", "Error ratio", "p95 latency (ms)"]
+    )
+
+    def tick() -> None:  # what the beat's health task does every 2 s
+        publish_sli(deployment, "stable", ok=95, failed=5)
+        health.tick(now=time.time(), act=False)
+
+    _in_another_thread(tick)
+    row = page.locator('[data-testid="objective-row"][data-objective="availability"]')
+    expect(row).to_have_attribute("data-state", "breach", timeout=5_000)  # htmx polled it
+    expect(row.get_by_test_id("objective-value")).to_have_text("95%")
+    page.screenshot(path=str(tmp_path / "health.png"), full_page=True)
+    chart.get_by_role("button", name="7d").click()
+    expect(chart).to_have_attribute("data-range", "7d")
+    expect(chart.get_by_test_id("chart-empty")).to_be_visible()  # no minute rows yet

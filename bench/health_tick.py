@@ -649,6 +649,7 @@ def naive_tick(now: float, r: redis.Redis) -> dict[str, Any]:
 @dataclass
 class Sample:
     ms: float
+    cpu_ms: float  # this process's CPU time (the worker's share; not PostgreSQL's or Redis')
     queries: int
     round_trips: int
     handshake: int
@@ -659,26 +660,30 @@ def timed_tick(now: float, serve_url: str | None) -> Sample:
     r = counting_redis()
     CountingConnection.reset()
     with counting_queries() as queries:
-        started = time.perf_counter()
+        cpu, started = time.process_time(), time.perf_counter()
         report = health.tick(now=now, redis_client=r, serve_url=serve_url, act=True)
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     r.close()
     if "skipped" in report:
         raise RuntimeError(f"tick skipped: {report['skipped']}")
     counts = CountingConnection.counts
-    return Sample(elapsed * 1000, queries[0], counts["round_trips"], counts["handshake"], report)
+    return Sample(
+        elapsed * 1000, cpu * 1000, queries[0], counts["round_trips"], counts["handshake"], report
+    )
 
 
 def timed_naive(now: float) -> Sample:
     r = counting_redis()
     CountingConnection.reset()
     with counting_queries() as queries:
-        started = time.perf_counter()
+        cpu, started = time.process_time(), time.perf_counter()
         report = naive_tick(now, r)
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     r.close()
     counts = CountingConnection.counts
-    return Sample(elapsed * 1000, queries[0], counts["round_trips"], counts["handshake"], report)
+    return Sample(
+        elapsed * 1000, cpu * 1000, queries[0], counts["round_trips"], counts["handshake"], report
+    )
 
 
 def check_tick(sample: Sample, n: int, n_slots: int, probes: bool) -> None:
@@ -717,6 +722,7 @@ def capture_sql(now: float, serve_url: str | None) -> dict[str, Any]:
 def summarise(samples: list[Sample], n: int) -> dict[str, Any]:
     ms = [s.ms for s in samples]
     p50 = statistics.median(ms)
+    cpu = statistics.median(s.cpu_ms for s in samples)
     return {
         "ticks": len(ms),
         "p50_ms": round(p50, 2),
@@ -724,6 +730,9 @@ def summarise(samples: list[Sample], n: int) -> dict[str, Any]:
         "min_ms": round(min(ms), 2),
         "p50_ms_per_deployment": round(p50 / n, 4),
         "max_ms_per_deployment": round(max(ms) / n, 4),
+        "min_ms_per_deployment": round(min(ms) / n, 4),
+        "p50_cpu_ms": round(cpu, 2),
+        "p50_cpu_ms_per_deployment": round(cpu / n, 4),
         "queries": sorted({s.queries for s in samples}),
         "redis_round_trips": sorted({s.round_trips for s in samples}),
         "redis_handshake": sorted({s.handshake for s in samples}),
@@ -838,6 +847,9 @@ def run_size(
     }
     tick_p50, naive_p50 = result["tick"]["p50_ms"], result["naive"]["p50_ms"]
     result["ratio_tick_to_naive"] = round(tick_p50 / naive_p50, 3)
+    result["ratio_tick_to_naive_cpu"] = round(
+        result["tick"]["p50_cpu_ms"] / result["naive"]["p50_cpu_ms"], 3
+    )
     result["probe_cost_ms_per_deployment"] = round(
         (result["tick_with_probes"]["p50_ms"] - tick_p50) / n, 4
     )
@@ -955,6 +967,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
     add("tick max ms", lambda r: f"{r['tick']['max_ms']:.1f}")
     add("tick ms / deployment (p50)", lambda r: f"{r['tick']['p50_ms_per_deployment']:.3f}")
     add("tick ms / deployment (max)", lambda r: f"{r['tick']['max_ms_per_deployment']:.3f}")
+    add("tick ms / deployment (min)", lambda r: f"{r['tick']['min_ms_per_deployment']:.3f}")
+    add("  worker CPU ms / deployment", lambda r: f"{r['tick']['p50_cpu_ms_per_deployment']:.3f}")
     add("SQL queries / tick (captured)", lambda r: r["sql"]["tick"]["queries"])
     add("  statements, timed ticks", lambda r: "/".join(map(str, r["tick"]["queries"])))
     add("Redis round trips / tick", lambda r: "/".join(map(str, r["tick"]["redis_round_trips"])))
@@ -965,15 +979,21 @@ def print_table(results: list[dict[str, Any]]) -> None:
         "with probes ms / deployment",
         lambda r: f"{r['tick_with_probes']['p50_ms_per_deployment']:.3f}",
     )
+    add(
+        "  worker CPU ms / deployment",
+        lambda r: f"{r['tick_with_probes']['p50_cpu_ms_per_deployment']:.3f}",
+    )
     add("  probes alone ms / deployment", lambda r: f"{r['probe_cost_ms_per_deployment']:.3f}")
     add("  probes answered 200", lambda r: r["probes_answered_200"])
     add("naive p50 ms", lambda r: f"{r['naive']['p50_ms']:.1f}")
     add("naive ms / deployment", lambda r: f"{r['naive']['p50_ms_per_deployment']:.3f}")
+    add("  worker CPU ms / deployment", lambda r: f"{r['naive']['p50_cpu_ms_per_deployment']:.3f}")
     add(
         "naive SQL / Redis per tick",
         lambda r: f"{r['naive']['queries'][-1]} / {r['naive']['redis_round_trips'][-1]}",
     )
     add("tick / naive (p50)", lambda r: f"{r['ratio_tick_to_naive']:.3f}x")
+    add("tick / naive (worker CPU)", lambda r: f"{r['ratio_tick_to_naive_cpu']:.3f}x")
     width = max(len(row[0]) for row in rows)
     cols = [max(len(row[i]) for row in rows) for i in range(1, len(head))]
     print()
@@ -996,6 +1016,7 @@ def environment() -> dict[str, Any]:
         "redis_url": settings.REDIS_URL,
         "database": settings.DATABASES["default"]["NAME"],
         "cpus": os.cpu_count(),
+        "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
         "debug": settings.DEBUG,
     }
 
@@ -1052,7 +1073,8 @@ def main(argv: list[str] | None = None) -> int:
         with override_settings(SLI_KEY_PREFIX=BENCH_PREFIX):
             assert health._keys()["sli"] == f"{BENCH_PREFIX}:sli"
             probe_server, serve_url = start_probe_server()
-            print(f"test database {test_name}; probe stand-in on {serve_url}")
+            load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+            print(f"test database {test_name}; probe stand-in on {serve_url}; load {load}")
             tenants = seed_tenants(args.tenants)
             results = [run_size(n, tenants, args, serve_url) for n in sizes]
             env = environment()

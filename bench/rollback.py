@@ -217,6 +217,14 @@ def one_run(ctx: dict[str, Any], index: int) -> dict[str, Any]:
         "switch_client_s": round(max(0.0, last_canary - detected), 3),
         "switch_portal_s": round(rollback.traffic_switched_at.timestamp() - detected, 3),
         "rollback_finished_s": round(rollback.finished_at.timestamp() - detected, 3),
+        # where the portal's part goes: breach paperwork, the revision, the reconcile PUT
+        "to_request_s": round(rollback.created_at.timestamp() - detected, 3),
+        "to_revision_s": round(
+            rollback.started_at.timestamp() - rollback.created_at.timestamp(), 3
+        ),
+        "reconcile_s": round(
+            rollback.traffic_switched_at.timestamp() - rollback.started_at.timestamp(), 3
+        ),
     }
 
 
@@ -336,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "health_tick_s": settings.CELERY_BEAT_SCHEDULE["health-tick"]["schedule"],
     }
-    for name in ("detection_s", "switch_client_s", "switch_portal_s", "rollback_finished_s"):
+    for name in ("detection_s", "switch_client_s", "switch_portal_s", "rollback_finished_s",
+                 "to_request_s", "to_revision_s", "reconcile_s"):  # fmt: skip
         values = [r[name] for r in runs]
         summary[name] = {
             "p50": round(statistics.median(values), 3),
@@ -347,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         and summary["switch_client_s"]["p95"] <= TARGET_SWITCH_P95_S
     )
     print()
-    for name in ("detection_s", "switch_client_s", "switch_portal_s", "rollback_finished_s"):
+    for name in ("detection_s", "switch_client_s", "switch_portal_s", "to_request_s",
+                 "to_revision_s", "reconcile_s"):  # fmt: skip
         print(f"  {name:<20} p50 {summary[name]['p50']:6.2f} s   p95 {summary[name]['p95']:6.2f} s")
     print(f"  targets: detection p95 <= {TARGET_DETECT_P95_S} s, switch p95 <= "
           f"{TARGET_SWITCH_P95_S} s: {'OK' if summary['ok'] else 'NOT MET'}")  # fmt: skip

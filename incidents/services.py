@@ -138,13 +138,17 @@ def breach_record(
     burn_long: float | None = None,
     burn_short: float | None = None,
     is_drill: bool = False,
+    join: Incident | None = None,
 ) -> tuple[SlaBreach, Incident, bool]:
     """Record a breach; returns (breach, incident, opened). One open (triggered or acknowledged)
     incident per deployment slot (deployment, group); once mitigated, a recurrence opens a new
     one. Another objective breaching joins the open incident as a new breach
     (and a timeline event); a repeat of the same objective only bumps that breach's
     `occurrences` and `last_seen_at`. `breach.occurrences == 1` tells a new breach. Safe under
-    concurrency (the partial unique constraint decides; the loser retries and joins)."""
+    concurrency (the partial unique constraint decides; the loser retries and joins).
+    `join`: the incident this breach belongs to whatever its status (the health tick's other
+    breaches of one slot join the incident the tick opened, even once its rollback mitigated
+    it)."""
     _check_choice(group, BreachGroup.values, "group")
     _check_choice(kind, BreachKind.values, "kind")
     _check_choice(severity, Severity.values, "severity")
@@ -177,6 +181,7 @@ def breach_record(
                     },
                     detected_at=detected_at,
                     is_drill=is_drill,
+                    join=join,
                 )
         except IntegrityError:
             if attempt == DEDUP_RETRIES - 1:
@@ -194,13 +199,22 @@ def _breach_record_once(
     fields: dict[str, Any],
     detected_at: datetime,
     is_drill: bool,
+    join: Incident | None = None,
 ) -> tuple[SlaBreach, Incident, bool]:
-    open_incident = (
-        Incident.objects.select_for_update()
-        .filter(tenant=tenant, dedup_key=key)
-        .filter(status__in=[IncidentStatus.TRIGGERED, IncidentStatus.ACKNOWLEDGED])
-        .first()
-    )
+    if join is not None:
+        open_incident = (
+            Incident.objects.select_for_update()
+            .filter(tenant=tenant, pk=join.pk, dedup_key=key)
+            .exclude(status=IncidentStatus.RESOLVED)
+            .first()
+        )
+    else:
+        open_incident = (
+            Incident.objects.select_for_update()
+            .filter(tenant=tenant, dedup_key=key)
+            .filter(status__in=[IncidentStatus.TRIGGERED, IncidentStatus.ACKNOWLEDGED])
+            .first()
+        )
     if open_incident is not None:
         breach = (
             SlaBreach.objects.select_for_update()

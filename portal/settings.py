@@ -273,7 +273,7 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "AI Ops Portal API",
     "DESCRIPTION": (
         "Tenant-scoped control-plane API: tenants, members, tokens, quotas, audit, models, "
-        "deployments."
+        "deployments, SLA contracts, health, rollouts, rollbacks, incidents."
     ),
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
@@ -285,6 +285,15 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "VersionStatusEnum": "serving.models.VersionStatus",
         "DeploymentStatusEnum": "serving.deployment_models.DeploymentStatus",
+        "RollbackStatusEnum": "serving.ops_models.RollbackStatus",
+        "IncidentStatusEnum": "incidents.models.IncidentStatus",
+        "SeverityEnum": "incidents.models.Severity",
+        "EventKindEnum": "incidents.models.EventKind",
+        "BreachKindEnum": "incidents.models.BreachKind",
+        "BreachGroupEnum": "incidents.models.BreachGroup",
+        "BreachActionEnum": "incidents.models.BreachAction",
+        "ChannelKindEnum": "incidents.models.ChannelKind",
+        "RuleOpEnum": "incidents.models.RuleOp",
     },
 }
 

@@ -467,6 +467,8 @@ def _resume_stuck_rollbacks(r: Any, keys: dict[str, str]) -> None:
 
 def deployment_health(deployment_id: int, redis_client: Any = None) -> dict[str, Any]:
     """What the last tick found for one deployment (pages, API)."""
+    if redis_client is None and not settings.REDIS_URL:
+        return {}  # embedded mode: no health checks (they need Redis)
     r = redis_client or _redis()
     raw = r.hget(_keys()["deployments"], str(deployment_id))
     return _loads(raw) or {}

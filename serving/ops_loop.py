@@ -35,6 +35,7 @@ def handle_firing(
     ordered = sorted(
         alerts, key=lambda a: (SEVERITY_ORDER.get(a.severity, 9), ACTION_ORDER.get(a.action, 9))
     )
+    this_tick: Any = None  # the slot's incident of this tick: the other breaches join it
     for alert in ordered:
         with transaction.atomic():
             breach, incident, _ = incidents.breach_record(
@@ -51,7 +52,9 @@ def handle_firing(
                 contract_version=target.contract_version,
                 burn_long=alert.burn_long,
                 burn_short=alert.burn_short,
+                join=this_tick,
             )
+            this_tick = incident
             if breach.occurrences > 1:
                 continue  # a repeat: the first occurrence already acted
             record: dict[str, Any] = {
@@ -93,10 +96,10 @@ def handle_firing(
                 ).update(status=RolloutStatus.PAUSED, message=f"paused by breach: {alert.detail}")
                 record["paused"] = bool(paused)
             actions.append(record)
-    # Committed; every breach of this tick is on the incident (so the mitigation that the
-    # rollback brings covers them all): switch traffic now, in this process.
-    for rollback_id in to_run:
-        rollback_run_now(rollback_id)
+        # Committed: switch traffic now, in this process, before the other alerts' paperwork
+        # (they join this incident even once the rollback has mitigated it).
+        while to_run:
+            rollback_run_now(to_run.pop())
     return actions
 
 

@@ -67,6 +67,11 @@ def health_tick() -> dict[str, object]:
     from serving import health
     from serving.control.cluster import ray_target_from_env
 
+    if not settings.REDIS_URL:  # embedded mode: replicas publish their SLIs to Redis only
+        if not getattr(health_tick, "_warned", False):
+            logger.warning("health checks need Redis (REDIS_URL): SLIs are not evaluated")
+            health_tick._warned = True
+        return {"skipped": "no Redis"}
     try:
         serve_url: str | None = ray_target_from_env().serve_url
     except Exception:  # no cluster configured: SLIs and contracts still evaluate

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from serving import ops_views, views
+from serving import ops_views, rollout_views, views
 
 urlpatterns = [
     path("t/<slug:slug>/models/", views.models_page, name="serving-models"),
@@ -99,32 +99,32 @@ urlpatterns = [
     ),
     path(
         "t/<slug:slug>/deployments/<int:pk>/rollouts/",
-        ops_views.rollouts_page,
+        rollout_views.rollouts_page,
         name="serving-deployment-rollouts",
     ),
     path(
         "t/<slug:slug>/deployments/<int:pk>/rollouts/progress/",
-        ops_views.rollout_progress,
+        rollout_views.rollout_progress,
         name="serving-deployment-rollout-progress",
     ),
     path(
         "t/<slug:slug>/deployments/<int:pk>/rollouts/policy/",
-        ops_views.rollout_policy,
+        rollout_views.rollout_policy,
         name="serving-deployment-rollout-policy",
     ),
     path(
         "t/<slug:slug>/deployments/<int:pk>/rollouts/start/",
-        ops_views.rollout_start,
+        rollout_views.rollout_start,
         name="serving-deployment-rollout-start",
     ),
     path(
         "t/<slug:slug>/deployments/<int:pk>/rollouts/<int:rollout_pk>/<slug:action>/",
-        ops_views.rollout_action,
+        rollout_views.rollout_action,
         name="serving-deployment-rollout-action",
     ),
     path(
         "t/<slug:slug>/deployments/<int:pk>/rollbacks/",
-        ops_views.rollbacks_panel,
+        rollout_views.rollbacks_panel,
         name="serving-deployment-rollbacks",
     ),
 ]

@@ -34,6 +34,31 @@ DEMO_SETTINGS: dict[str, Any] = {"num_cpus": 0.25, "num_replicas": 1, "kv_blocks
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
+DEMO_CONTRACT = """\
+# The demo deployment's SLA contract: edit it on the deployment's Contract page.
+apiVersion: aiops.portal/v1
+kind: SlaContract
+metadata:
+  name: demo-sla
+spec:
+  window: 30d
+  objectives:
+    - name: availability
+      sli: availability
+      target: 0.99
+    - name: p95-latency
+      sli: latency_p95
+      threshold_ms: 500
+  fast:
+    - name: error-spike
+      sli: error_rate
+      above: 0.1
+      for: 15s
+      min_requests: 10
+      action: rollback
+"""
+
+
 class Command(BaseCommand):
     help = (
         "Create the demo tenant with an owner login and a tiny demo deployment (idempotent) "
@@ -128,6 +153,13 @@ class Command(BaseCommand):
                     version_id=version.pk,
                     description="Demo deployment of the tiny model.",
                     settings=dict(DEMO_SETTINGS),
+                )
+            from serving.contracts import contract_current, contract_set
+
+            if contract_current(tenant=tenant, deployment=deployment) is None:
+                # The ops loop watches the demo from the start: its health page has numbers.
+                contract_set(
+                    tenant=tenant, actor=actor, deployment=deployment, source=DEMO_CONTRACT
                 )
         except PortalError as exc:  # e.g. a quota lowered below the demo's needs
             self.stderr.write(f"No demo deployment: {exc}")

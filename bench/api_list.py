@@ -50,7 +50,6 @@ import django  # noqa: E402
 
 django.setup()
 
-import psycopg  # noqa: E402
 import redis  # noqa: E402
 import rest_framework  # noqa: E402
 from django.conf import settings  # noqa: E402
@@ -63,9 +62,9 @@ from django.test.utils import (  # noqa: E402
 )
 from django.urls import include, path  # noqa: E402
 from django.utils import timezone  # noqa: E402
-from psycopg import sql  # noqa: E402
 from rest_framework.generics import ListAPIView  # noqa: E402
 
+from bench.isolated import ensure_base_database  # noqa: E402
 from portal import ratelimit  # noqa: E402
 from portal.api.pagination import IdCursorPagination  # noqa: E402
 from tenants import services  # noqa: E402
@@ -112,25 +111,6 @@ def install_bench_urlconf() -> str:
 
 
 # --- isolated database and Redis ---------------------------------------------------------
-
-
-def ensure_base_database() -> None:
-    """Create the base database of DATABASE_URL if missing (the test DB is derived from it)."""
-    db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.postgresql":
-        raise SystemExit(f"This benchmark needs PostgreSQL; DATABASE_URL gives {db['ENGINE']}.")
-    params = {
-        "host": db.get("HOST") or None,
-        "port": db.get("PORT") or None,
-        "user": db.get("USER") or None,
-        "password": db.get("PASSWORD") or None,
-        "dbname": "postgres",
-    }
-    with psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True) as conn:
-        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db["NAME"]])
-        if found.fetchone() is None:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db["NAME"])))
-            print(f"created base database {db['NAME']}")
 
 
 def clear_bench_redis() -> None:
@@ -368,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = parser.parse_args(argv)
 
-    ensure_base_database()
+    ensure_base_database(settings)
     # DEBUG off as in production (no per-query logging); CaptureQueriesContext still works.
     setup_test_environment(debug=False)
     old_name = settings.DATABASES["default"]["NAME"]

@@ -117,3 +117,60 @@ def contract_export_openslo(*, contract: SlaContract, service: str) -> str:
     from serving.slo.openslo import export_openslo
 
     return export_openslo(Contract.from_dict(contract.document), service=service)
+
+
+def features_report(
+    *, tenant: Tenant, deployment: Deployment, drift: Any = None, freshness: Any = None
+) -> dict[str, Any]:
+    """What the tenant reports about its features, for the contract's drift (PSI) and feature
+    freshness objectives: `drift` {feature: counts per reference bin}, `freshness` {feature:
+    when it was last updated, epoch seconds}. Kept in Redis (merged with earlier reports) and
+    evaluated by the next health tick."""
+    import json
+    import time
+
+    from django.conf import settings
+
+    from serving.health import _keys, _redis
+
+    current = contract_current(tenant=tenant, deployment=deployment)
+    if current is None:
+        raise ConflictError("set an SLA contract with drift or freshness objectives first.",
+                            field="contract")  # fmt: skip
+    contract = Contract.from_dict(current.document)
+    references = {
+        o.feature: o.reference for o in contract.objectives
+        if o.sli == "drift_psi" and o.feature and o.reference
+    }  # fmt: skip
+    fresh_features = {o.feature for o in contract.objectives if o.sli == "feature_freshness"}
+    clean: dict[str, dict[str, Any]] = {"drift": {}, "freshness": {}}
+    for feature, counts in (drift or {}).items():
+        field = f"drift.{feature}"
+        if feature not in references:
+            raise ValidationFailed("no drift objective of the contract watches this feature.",
+                                   field=field)  # fmt: skip
+        bins = len(references[feature].counts)
+        if (
+            not isinstance(counts, list) or len(counts) != bins
+            or not all(isinstance(c, int | float) and c >= 0 for c in counts)
+        ):  # fmt: skip
+            raise ValidationFailed(f"give {bins} non-negative counts, one per reference bin.",
+                                   field=field)  # fmt: skip
+        clean["drift"][feature] = [float(c) for c in counts]
+    for feature, updated in (freshness or {}).items():
+        field = f"freshness.{feature}"
+        if feature not in fresh_features:
+            raise ValidationFailed("no freshness objective of the contract watches this feature.",
+                                   field=field)  # fmt: skip
+        if not isinstance(updated, int | float) or updated <= 0 or updated > time.time() + 60:
+            raise ValidationFailed("epoch seconds of the last update, not in the future.",
+                                   field=field)  # fmt: skip
+        clean["freshness"][feature] = float(updated)
+    if not settings.REDIS_URL:
+        raise ConflictError("feature reports need Redis (REDIS_URL).", field="deployment")
+    r = _redis()
+    key = _keys()["features"]
+    old = json.loads(r.hget(key, str(deployment.pk)) or "{}")
+    merged = {kind: {**old.get(kind, {}), **clean[kind]} for kind in ("drift", "freshness")}
+    r.hset(key, str(deployment.pk), json.dumps(merged, separators=(",", ":")))
+    return merged

@@ -131,6 +131,7 @@ def _keys() -> dict[str, str]:
     return {
         "state": f"{prefix}:health:state",
         "deployments": f"{prefix}:health:deployments",
+        "features": f"{prefix}:health:features",
         "lock": f"{prefix}:health:tick-lock",
         "sli": f"{prefix}:sli",
     }
@@ -241,9 +242,13 @@ def _tick(
             pipe.hgetall(f"{keys['sli']}:{target.app}:{group}")
         pipe.hmget(keys["state"], slot_fields or ["-"])
         pipe.hmget(keys["deployments"], ids or ["-"])
+        pipe.hmget(keys["features"], ids or ["-"])
         read = pipe.execute()
-    published, infos = read[: len(slots)], read[-1]
-    states = dict(zip(slot_fields, read[-2], strict=False))
+    published, infos = read[: len(slots)], read[-2]
+    states = dict(zip(slot_fields, read[-3], strict=False))
+    features = {
+        t.deployment.pk: _loads(raw) or {} for t, raw in zip(targets, read[-1], strict=False)
+    }
     info = {t.deployment.pk: (_loads(raw) or {}) for t, raw in zip(targets, infos, strict=False)}
     due = [
         t for t in targets
@@ -332,7 +337,7 @@ def _tick(
             delta=delta, cumulative=cumulative, kv=kv, since=float(state["since"])
         )
 
-    _evaluate(now, targets, results)
+    _evaluate(now, targets, results, features)
     detected = time.time()  # a breach is known from here on (the tick's reads took time)
     new_infos: dict[str, str] = {}
     for target in due:
@@ -395,7 +400,12 @@ def _tick(
     }
 
 
-def _evaluate(now: float, targets: list[Target], results: dict[Slot, SlotResult]) -> None:
+def _evaluate(
+    now: float,
+    targets: list[Target],
+    results: dict[Slot, SlotResult],
+    features: Mapping[int, dict[str, Any]],
+) -> None:
     lengths: set[int] = set()
     for target in targets:
         if target.contract is not None:
@@ -412,7 +422,12 @@ def _evaluate(now: float, targets: list[Target], results: dict[Slot, SlotResult]
             w: result.cumulative - found[w] if w in found else result.cumulative
             for w in contract.window_lengths()
         }
-        result.evaluation = evaluate(contract, result.windows)
+        reported = features.get(slot[0], {})
+        observations = {  # what the tenant reported about its features (drift, freshness)
+            "drift": reported.get("drift", {}),
+            "freshness": {f: max(0.0, now - t) for f, t in reported.get("freshness", {}).items()},
+        }
+        result.evaluation = evaluate(contract, result.windows, observations=observations)
 
 
 def _act(target: Target, group: str, alerts: list[Any], now: float) -> list[dict[str, Any]]:

@@ -289,13 +289,17 @@ def rollouts_advance(
         if now - last < interval:
             continue
         try:
-            actions.append(_step(rollout, target, now))
+            actions.append(
+                _step(rollout, target, now, results.get((rollout.deployment_id, "canary")))
+            )
         except Exception:  # one rollout's trouble must not stop the others
             logger.exception("rollout %s: analysis failed", rollout.pk)
     return actions
 
 
-def _step(rollout: Rollout, target: Target, now: float) -> dict[str, Any]:
+def _step(
+    rollout: Rollout, target: Target, now: float, canary: SlotResult | None = None
+) -> dict[str, Any]:
     from serving.ops_loop import rollout_failed
 
     revision = target.revision
@@ -304,6 +308,9 @@ def _step(rollout: Rollout, target: Target, now: float) -> dict[str, Any]:
         _set_status(rollout, RolloutStatus.ABORTED, "the canary was changed outside the rollout",
                     finished=True)  # fmt: skip
         return {**record, "result": "aborted"}
+    if canary is None or not canary.kv.get("replicas"):
+        return _measurement_error(rollout, target, now, record)
+    rollout.consecutive_errors = 0
     step = rollout.steps[rollout.step_index]
     step_started = rollout.step_started_at.timestamp()
     counts = since(rollout.deployment_id, step_started, now)
@@ -320,7 +327,7 @@ def _step(rollout: Rollout, target: Target, now: float) -> dict[str, Any]:
             at=as_datetime(now), result=result, summary=summary, measurements=measurements,
         )  # fmt: skip
         rollout.last_analysis_at = as_datetime(now)
-        rollout.save(update_fields=["last_analysis_at"])
+        rollout.save(update_fields=["last_analysis_at", "consecutive_errors"])
         if result == AnalysisResult.FAILED:
             rollout.failures += 1
             rollout.save(update_fields=["failures"])
@@ -334,6 +341,29 @@ def _step(rollout: Rollout, target: Target, now: float) -> dict[str, Any]:
         if not pause_over:
             return {**record, "result": result}
         return {**record, "result": result, **_next_step(rollout, target)}
+
+
+def _measurement_error(
+    rollout: Rollout, target: Target, now: float, record: dict[str, Any]
+) -> dict[str, Any]:
+    """No canary replica published counters this tick: the analysis could not measure (Argo's
+    Error). Beyond `consecutive_error_limit` in a row, the rollout fails like a failed one."""
+    from serving.ops_loop import rollout_failed
+
+    summary = "no canary replica reported its counters"
+    with transaction.atomic():
+        AnalysisRun.objects.create(
+            tenant=rollout.tenant, rollout=rollout, step_index=rollout.step_index,
+            at=as_datetime(now), result=AnalysisResult.ERROR, summary=summary,
+        )  # fmt: skip
+        rollout.consecutive_errors += 1
+        rollout.last_analysis_at = as_datetime(now)
+        rollout.save(update_fields=["consecutive_errors", "last_analysis_at"])
+        limit = int(rollout.policy.get("consecutive_error_limit", 4))
+        if rollout.consecutive_errors > limit:
+            why = f"{summary} in {rollout.consecutive_errors} analyses in a row"
+            return {**record, "result": "error", **rollout_failed(rollout, target, why, now)}
+    return {**record, "result": "error", "summary": summary}
 
 
 def _next_step(rollout: Rollout, target: Target) -> dict[str, Any]:

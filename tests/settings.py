@@ -15,7 +15,7 @@ EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_EAGER_PROPAGATES = True
 # Unit tests have no Ray; the Ray tests call serving.control.reconcile with the test cluster.
-RECONCILE_ON_COMMIT = False
+RECONCILE_ON_COMMIT = os.environ.get("PORTAL_TEST_RECONCILE") == "1"  # a worker test's choice
 SLI_KEY_PREFIX = "portal-test"
 
 if os.environ.get("PORTAL_TEST_WORKER"):

@@ -113,6 +113,17 @@ class RolloutStartSerializer(serializers.Serializer):
     version = serializers.IntegerField(min_value=1, help_text="id of a ready model version")
 
 
+class FeaturesSerializer(serializers.Serializer):
+    drift = serializers.DictField(
+        child=serializers.ListField(child=serializers.FloatField(min_value=0)), required=False,
+        help_text="feature -> counts per bin of the contract's reference histogram",
+    )  # fmt: skip
+    freshness = serializers.DictField(
+        child=serializers.FloatField(min_value=0), required=False,
+        help_text="feature -> when it was last updated (epoch seconds)",
+    )  # fmt: skip
+
+
 class SliPointSerializer(serializers.ModelSerializer):
     class Meta:
         model = SliSample
@@ -214,6 +225,19 @@ class DeploymentOpsViewSet(TenantScopedViewSet):
                 raise serializers.ValidationError({"group": "stable or canary"})
             rows = rows.filter(group=group)
         return Response(SliPointSerializer(rows[:5000], many=True).data)
+
+    @extend_schema(request=FeaturesSerializer, responses=FeaturesSerializer)
+    @action(detail=True, methods=["post"])
+    def features(self, request: Request, pk: str) -> Response:
+        """Report feature drift (histogram counts) and freshness for the contract's drift and
+        freshness objectives; the next health tick evaluates them."""
+        deployment = self.get_object()
+        data = validated(FeaturesSerializer, request.data)
+        merged = contracts.features_report(
+            tenant=self.ctx.tenant, deployment=deployment, drift=data.get("drift"),
+            freshness=data.get("freshness"),
+        )  # fmt: skip
+        return Response(merged)
 
     @extend_schema(request=RollbackInSerializer, responses=RollbackSerializer(many=True))
     @action(detail=True, methods=["get", "post"])

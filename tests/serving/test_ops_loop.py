@@ -388,3 +388,130 @@ def test_inconclusive_analysis_pauses_for_a_human(world_a: TenantWorld) -> None:
     rollout.refresh_from_db()
     assert rollout.status == RolloutStatus.PAUSED and "inconclusive" in rollout.message
     assert Rollout.objects.get(pk=rollout.pk).analyses.get().result == "inconclusive"
+
+
+def test_a_canary_nobody_can_measure_fails_after_the_consecutive_error_limit(
+    world_a: TenantWorld, applied: list[int], django_capture_on_commit_callbacks: Any
+) -> None:
+    deployment = _ready(world_a)
+    actor = Actor(user=world_a.owner)
+    v2 = _version(world_a, "v2")
+    rollouts.policy_set(
+        tenant=world_a.tenant, actor=actor, deployment=deployment,
+        values={"steps": [{"weight": 20, "pause_s": 60}], "analysis_interval_s": 1,
+                "consecutive_error_limit": 1},
+    )  # fmt: skip
+    rollout = rollouts.rollout_start(
+        tenant=world_a.tenant, actor=actor, deployment=deployment, version_id=v2.pk
+    )
+    Deployment.objects.filter(pk=deployment.pk).update(health_interval_s=1)
+    stable = Replica(deployment, "stable", "s1")  # no canary replica ever reports
+    for _ in range(3):
+        stable.serve(ok=10)
+        with django_capture_on_commit_callbacks(execute=True):
+            health.tick()
+        rollout.refresh_from_db()
+        if rollout.status != RolloutStatus.PROGRESSING:
+            break
+        time.sleep(1.05)
+    assert rollout.status == RolloutStatus.FAILED, rollout.message
+    assert list(rollout.analyses.values_list("result", flat=True)) == ["error", "error"]
+    rollback = Rollback.objects.get(deployment=deployment)
+    assert rollback.trigger == "analysis" and rollback.status == RollbackStatus.DONE
+    assert rollback.to_revision == rollout.base_revision
+
+
+GATED = """\
+apiVersion: aiops.portal/v1
+kind: SlaContract
+metadata:
+  name: gated
+spec:
+  window: 30d
+  objectives:
+    - name: availability
+      sli: availability
+      target: 0.99
+  alerts: []
+  gate:
+    mode: block
+    objectives: [availability]
+    min_requests: 10
+"""
+
+
+def test_the_contracts_gate_blocks_promotion_and_names_the_objective(world_a: TenantWorld) -> None:
+    deployment = _ready(world_a)
+    actor = Actor(user=world_a.owner)
+    contract_set(tenant=world_a.tenant, actor=actor, deployment=deployment, source=GATED)
+    v2 = _version(world_a, "v2")
+    deploy.deployment_set_canary(
+        tenant=world_a.tenant, actor=actor, deployment=deployment, version_id=v2.pk, percent=20
+    )
+    Replica(deployment, "canary", "c1").serve(ok=15, failed=5)  # 75% good, the gate wants 99%
+    health.tick()
+    url = f"/api/v1/deployments/{deployment.pk}/promote/"
+    refused = world_a.client().post(url, {}, format="json")
+    assert refused.status_code == 409, refused.content
+    error = refused.json()["error"]
+    assert "gate" in error["fields"] and "availability" in error["message"]
+    deployment.refresh_from_db()
+    assert deployment.current_revision.canary_version_id == v2.pk  # nothing promoted
+
+
+FEATURES = """\
+apiVersion: aiops.portal/v1
+kind: SlaContract
+metadata:
+  name: features
+spec:
+  window: 30d
+  objectives:
+    - name: availability
+      sli: availability
+      target: 0.99
+    - name: prompt-drift
+      sli: drift_psi
+      feature: prompt_length
+      max: 0.2
+      reference: {edges: [0, 16, 64, 256], counts: [30, 50, 20]}
+    - name: profile-fresh
+      sli: feature_freshness
+      feature: user_profile
+      max_age: 15m
+"""
+
+
+def test_reported_drift_and_stale_features_breach_their_objectives(world_a: TenantWorld) -> None:
+    deployment = _ready(world_a)
+    actor = Actor(user=world_a.owner)
+    contract_set(tenant=world_a.tenant, actor=actor, deployment=deployment, source=FEATURES)
+    client = world_a.client()
+    url = f"/api/v1/deployments/{deployment.pk}/features/"
+    unknown = client.post(url, {"drift": {"nope": [1, 2, 3]}}, format="json")
+    assert unknown.status_code == 400 and "drift.nope" in unknown.json()["error"]["fields"]
+    bins = client.post(url, {"drift": {"prompt_length": [1, 2]}}, format="json")
+    assert bins.status_code == 400 and "drift.prompt_length" in bins.json()["error"]["fields"]
+    now = time.time()
+    ok = client.post(
+        url, {"drift": {"prompt_length": [5, 15, 80]}, "freshness": {"user_profile": now - 3600}},
+        format="json",
+    )  # fmt: skip
+    assert ok.status_code == 200, ok.content
+    Replica(deployment, "stable", "s1").serve(ok=10)
+    health.tick(now=now, act=False)
+    slots = health.deployment_health(deployment.pk)["slots"]["stable"]
+    status = {o["name"]: o for o in slots["objectives"]}
+    assert status["prompt-drift"]["ok"] is False and status["prompt-drift"]["value"] > 0.2
+    assert status["profile-fresh"]["ok"] is False
+    fired = {f["name"] for f in slots["firing"]}
+    assert {"prompt-drift", "profile-fresh"} <= fired
+    # The features recover: the same objectives hold.
+    client.post(
+        url, {"drift": {"prompt_length": [30, 50, 20]}, "freshness": {"user_profile": now}},
+        format="json",
+    )  # fmt: skip
+    health.tick(now=now + 2, act=False)
+    status = {o["name"]: o for o in
+              health.deployment_health(deployment.pk)["slots"]["stable"]["objectives"]}  # fmt: skip
+    assert status["prompt-drift"]["ok"] is True and status["profile-fresh"]["ok"] is True

@@ -32,7 +32,7 @@ from portal.celery import app as celery_app
 from serving import deployments
 from serving.contracts import contract_set
 from serving.control import reconcile as control
-from serving.models import Deployment, DeploymentStatus, Rollback, RollbackStatus
+from serving.models import Deployment, DeploymentStatus, Rollback, RollbackStatus, Rollout
 from serving.tasks import health_tick
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
@@ -91,7 +91,9 @@ class DelayingProxy:
 
 
 class Worker:
-    def __init__(self, tmp: Path, cluster: RayCluster, dashboard_url: str) -> None:
+    def __init__(
+        self, tmp: Path, cluster: RayCluster, dashboard_url: str, *, reconcile: bool = False
+    ) -> None:
         db = connection.settings_dict
         self.env = {
             **os.environ,
@@ -104,7 +106,12 @@ class Worker:
             "RAY_SERVE_URL": cluster.serve_url,
             "PORTAL_RAY_SERVE_HOST": "127.0.0.1",
             "ROLLBACK_RESUME_AFTER_S": "2",
+            # Revisions the worker writes (rollout steps) are reconciled by its own task.
+            "PORTAL_TEST_RECONCILE": "1" if reconcile else "",
         }
+        self.pool = (
+            ["--concurrency", "2"] if reconcile else ["--concurrency", "1", "--pool", "solo"]
+        )
         self.tmp = tmp
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -115,8 +122,7 @@ class Worker:
         self.log = log_path.open("w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", "default,health",
-             "--concurrency", "1", "--pool", "solo", "--without-gossip", "--without-mingle",
-             "-l", "INFO"],
+             *self.pool, "--without-gossip", "--without-mingle", "-l", "INFO"],
             cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + 60
@@ -145,8 +151,10 @@ def worker_factory(tmp_path: Path, ray_cluster: RayCluster) -> Iterator[Callable
     workers: list[Worker] = []
     celery_app.conf.task_always_eager = False
 
-    def make(dashboard_url: str | None = None) -> Worker:
-        worker = Worker(tmp_path, ray_cluster, dashboard_url or ray_cluster.dashboard_url)
+    def make(dashboard_url: str | None = None, *, reconcile: bool = False) -> Worker:
+        worker = Worker(
+            tmp_path, ray_cluster, dashboard_url or ray_cluster.dashboard_url, reconcile=reconcile
+        )
         workers.append(worker)
         return worker
 
@@ -295,3 +303,57 @@ def test_worker_killed_mid_rollback_leaves_exactly_one(
             for _ in range(20)
         }  # fmt: skip
     assert groups == {"stable"}
+
+
+def test_a_good_canary_is_promoted_through_its_steps_by_the_worker(
+    world_a: TenantWorld, ray_cluster: RayCluster, worker_factory: Callable[..., Worker]
+) -> None:
+    from serving import rollouts
+    from serving.health import deployment_health
+    from serving.models import RolloutStatus
+
+    actor = Actor(user=world_a.owner)
+    deployment = Deployment.objects.get(tenant=world_a.tenant, name="assistant")
+    Deployment.objects.exclude(pk=deployment.pk).update(deleted_at=deployment.created_at)
+    _, key = deployments.inference_key_create(
+        tenant=world_a.tenant, actor=actor, deployment=deployment, name="client"
+    )
+    contract_set(tenant=world_a.tenant, actor=actor, deployment=deployment, source=FAST_CONTRACT)
+    v2 = _version(world_a, "v2")
+    rollouts.policy_set(
+        tenant=world_a.tenant, actor=actor, deployment=deployment,
+        values={"steps": [{"weight": 20, "pause_s": 3}, {"weight": 50, "pause_s": 3}],
+                "analysis_interval_s": 2, "min_requests": 5},
+    )  # fmt: skip
+    rollout = rollouts.rollout_start(
+        tenant=world_a.tenant, actor=actor, deployment=deployment, version_id=v2.pk
+    )
+    client = ray_cluster.client()
+    app = f"{world_a.tenant.slug}--assistant"
+    control.reconcile(target=ray_cluster.target, client=client)
+    client.wait_until([app, f"{app}--canary"], timeout=180)
+    control.refresh_status(client=client)
+    traffic = Traffic(f"{ray_cluster.serve_url}/acme/assistant/v1/completions", key)
+    worker = worker_factory(reconcile=True)
+    worker.start()
+    try:
+        _tick_until(
+            lambda: Rollout.objects.get(pk=rollout.pk).status != RolloutStatus.PROGRESSING,
+            timeout=120,
+        )
+        rollout.refresh_from_db()
+        assert rollout.status == RolloutStatus.SUCCESSFUL, rollout.message
+        results = list(rollout.analyses.order_by("at").values_list("step_index", "result"))
+        assert (0, "successful") in results and (1, "successful") in results, results
+        deployment.refresh_from_db()
+        assert deployment.current_revision.stable_version_id == v2.pk
+        assert deployment.current_revision.canary_version_id is None
+        assert not Rollback.objects.filter(deployment=deployment).exists()
+        # The synthetic probe went through the Serve proxy with the derived probe key.
+        assert deployment_health(deployment.pk)["probe"]["ok"] is True
+        assert traffic.statuses[200] > 0 and set(traffic.statuses) == {200}, traffic.statuses
+        # Serve follows: the canary application goes away, v2 answers as stable.
+        client.wait_until([f"{app}--canary"], ["ABSENT"], timeout=90)
+        assert traffic.groups["canary"] > 0
+    finally:
+        traffic.close()

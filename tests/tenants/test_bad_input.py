@@ -114,6 +114,8 @@ CASES += [
     ("deployment-ops-rollout-policy", "PUT", "deployment", {"steps": [{"weight": 101}]}, "steps[0].weight"),
     ("deployment-ops-rollout-policy", "PUT", "deployment", {"steps": [{"weight": 5}], "on_failure": "explode"}, "on_failure"),
     ("deployment-ops-rollouts", "POST", "deployment", {}, "version"),
+    ("deployment-ops-features", "POST", "deployment", {"drift": "nope"}, "drift"),
+    ("deployment-ops-features", "POST", "deployment", {"freshness": {"f": "soon"}}, "freshness.f"),
 ]  # fmt: skip
 BODYLESS |= {("deployment-promote", "POST"), ("inference-key-revoke", "POST")}
 BODYLESS |= {(f"rollout-{verb}", "POST") for verb in ("pause", "resume", "confirm", "abort")}

@@ -85,7 +85,12 @@ from serving.deployment_models import (  # noqa: E402
 )
 from serving.models import ArtifactSource, Model, ModelVersion, VersionStatus  # noqa: E402
 from serving.ops_models import Resolution, SlaContract, SliSample  # noqa: E402
-from serving.sli_store import counts_of_totals, sample_row  # noqa: E402
+from serving.sli_store import (  # noqa: E402
+    as_datetime,
+    counts_of_totals,
+    lookup_before,
+    sample_row,
+)
 from serving.slo.evaluate import Counts, evaluate  # noqa: E402
 from serving.slo.parse import parse_contract  # noqa: E402
 from tenants import services  # noqa: E402
@@ -395,21 +400,26 @@ def seed_deployments(n: int, tenants: list[TenantSeed]) -> list[SlotSeed]:
         ],
         batch_size=1000,
     )
-    slugs = {t.tenant.pk: t.tenant.slug for t in tenants}
+    # The slots as the tick sees them, with the version label its replicas publish.
     slots = []
-    for d, revision in zip(deployments, revisions, strict=True):
-        app = f"{slugs[d.tenant_id]}--{d.name}"
-        groups = {"stable": revision.stable_version_id}
-        if revision.canary_version_id:
-            groups["canary"] = revision.canary_version_id
-        for group, version_id in groups.items():
-            slot = SlotSeed(d.pk, d.tenant_id, app, group, str(version_id))
+    for target in health.health_targets():
+        for group in target.groups:
+            version = slot_version(target, group)
+            slot = SlotSeed(
+                target.deployment.pk, target.deployment.tenant_id, target.app, group, version
+            )
             slot.recorders = [
-                SliRecorder(app, group, str(version_id), f"{app}#{group}#r{k}")
+                SliRecorder(target.app, group, version, f"{target.app}#{group}#r{k}")
                 for k in range(REPLICAS[group])
             ]
             slots.append(slot)
+    assert len(slots) == n + (n + 1) // 2, f"{len(slots)} slots for {n} deployments"
     return slots
+
+
+def slot_version(target: health.Target, group: str) -> str:
+    """The version label of a slot: what its replicas publish and its stored rows carry."""
+    return target.version(group)
 
 
 def serve_traffic(window: SliWindow, requests: int, offset: int = 0) -> None:
@@ -432,19 +442,19 @@ def kv_of(slot: SlotSeed) -> dict[str, Any]:
 
 
 def publish_round(slots: list[SlotSeed], round_no: int) -> int:
-    """Every replica serves some requests, rolls its window and publishes it (as replicas
-    do, with the data plane's own `publish`), all in one asyncio loop."""
-    snapshots = []
+    """Every replica serves some requests, then rolls its window and publishes it (as
+    replicas do, with the data plane's own `publish`), all in one asyncio loop. The rolls come
+    last and together: the tick ignores snapshots older than `health.STALE_S`."""
     for slot in slots:
         for recorder in slot.recorders:
             serve_traffic(recorder.current, REQUESTS_PER_PUBLISH[slot.group], round_no * 7)
-            snapshots.append(recorder.roll(kv=kv_of(slot)))
+    snapshots = [r.roll(kv=kv_of(slot)) for slot in slots for r in slot.recorders]
 
     async def send_all() -> None:
         import redis.asyncio as aioredis
 
         client = aioredis.Redis.from_url(settings.REDIS_URL)
-        limit = asyncio.Semaphore(32)
+        limit = asyncio.Semaphore(64)
 
         async def one(snapshot: dict[str, Any]) -> None:
             async with limit:
@@ -592,6 +602,8 @@ def seed_state(slots: list[SlotSeed], history: History) -> None:
         states[f"{slot.deployment_id}:{slot.group}"] = json.dumps(
             {
                 "at": history.base,
+                "version": slot.version,
+                "since": history.t0,  # the episode began with the stored history
                 "cum": history.cumulative(units[slot.group], history.base).to_dict(),
                 "replicas": seen,
                 "minute": {"start": history.base - history.base % 60, "counts": {}},
@@ -634,15 +646,10 @@ def naive_tick(now: float, r: redis.Redis) -> dict[str, Any]:
             start = last.end.timestamp() if last is not None else now - TICK_S
             if target.contract is not None:
                 evaluate(target.contract, dict.fromkeys(target.contract.window_lengths(), delta))
-            version = (
-                target.revision.canary_version_id
-                if group == "canary"
-                else target.revision.stable_version_id
-            )
             sample_row(
                 tenant_id=dep.tenant_id,
                 slot=(dep.pk, f"n:{group}"),
-                version=str(version),
+                version=slot_version(target, group),
                 resolution=Resolution.RAW,
                 start=start,
                 end=now,
@@ -706,6 +713,42 @@ def check_tick(sample: Sample, n: int, n_slots: int, probes: bool) -> None:
     assert report["probes"] == (n if probes else 0), report
     if report["firing"] or report["actions"]:
         raise RuntimeError(f"the seeded traffic breached the contract: {report}")
+
+
+def verify_measured(slots: list[SlotSeed], now: float, history: History) -> dict[str, Any]:
+    """The tick at `now` (one publish after the previous tick) stored exactly what the replicas
+    served, continuing the stored cumulative totals, and its window lookups found stored rows."""
+    served = {g: REQUESTS_PER_PUBLISH[g] * REPLICAS[g] for g in REPLICAS}
+    rows = list(
+        SliSample.objects.filter(
+            end=as_datetime(now), resolution=Resolution.RAW, group__in=list(REPLICAS)
+        ).values_list("group", "requests", "cumulative")
+    )
+    assert len(rows) == len(slots), f"{len(rows)} rows stored at {now} for {len(slots)} slots"
+    wrong = [(g, got) for g, got, _ in rows if got != served[g]]
+    assert not wrong, f"deltas not measured (stale or mismatched replicas?): {wrong[:5]}"
+    stored_until = {g: history.cumulative(unit_of(g), history.base).requests for g in REPLICAS}
+    behind = [g for g, _, cum in rows if cum["requests"] <= stored_until[g]]
+    assert not behind, "cumulative totals do not continue the stored history"
+    contract = parse_contract(CONTRACT_YAML)
+    episodes = {(s.deployment_id, s.group): (s.version, history.t0) for s in slots}
+    found = lookup_before(episodes, {w: now - w for w in contract.window_lengths()})
+    misses = [slot for slot, windows in found.items() if not windows]
+    assert not misses, f"window lookups found no stored rows for {len(misses)} slots"
+    return {
+        "requests_per_slot_and_tick": served,
+        "windows": len(contract.window_lengths()),
+        "windows_found_per_slot": round(sum(map(len, found.values())) / len(found), 2),
+    }
+
+
+def exactly_measured(now: float, served: dict[str, int]) -> int:
+    """Slots whose row of the tick at `now` holds exactly one publish's worth of requests (a
+    replica the tick dropped as stale is recounted from zero by a later tick)."""
+    rows = SliSample.objects.filter(
+        end=as_datetime(now), resolution=Resolution.RAW, group__in=list(served)
+    ).values_list("group", "requests")
+    return sum(1 for group, requests in rows if requests == served[group])
 
 
 def probe_results_ok(n: int) -> int:
@@ -797,9 +840,11 @@ def run_size(
         """Between two ticks; the naive loop has no state of its own to advance."""
         return clock["now"] + TICK_S / 2
 
-    def inside_minute() -> float:
-        """The time of a next tick that does not cross a minute (first running, untimed, the
-        one that does: it also writes the minute rows)."""
+    def settled() -> float:
+        """The time of a next tick that does not cross a minute (and follows a plain tick):
+        first running, untimed, a plain tick, and the one that crosses, if any."""
+        publish()
+        health.tick(now=next_now(), serve_url=None, act=True)
         if int((clock["now"] + TICK_S) // 60) > int(clock["now"] // 60):
             publish()
             health.tick(now=next_now(), serve_url=None, act=True)
@@ -810,33 +855,40 @@ def run_size(
         clock["round"] += 1
         publish_round(slots, clock["round"])
 
+    # One publish before every tick (the naive loop reads what is there), so every tick
+    # should store exactly one publish's worth of requests per slot.
+    served = {g: REQUESTS_PER_PUBLISH[g] * REPLICAS[g] for g in REPLICAS}
     for _ in range(args.warmup):
         publish()
         check_tick(timed_tick(next_now(), None), n, len(slots), probes=False)
-        publish()
         timed_naive(naive_now())
         publish()
         check_tick(timed_tick(next_now(), serve_url), n, len(slots), probes=True)
     probes_ok = probe_results_ok(n)
 
-    sql_plain = capture_sql(inside_minute(), None)
-    sql_probes = capture_sql(inside_minute(), serve_url)
+    now = settled()
+    sql_plain = capture_sql(now, None)
+    measured = verify_measured(slots, now, history)
+    sql_probes = capture_sql(settled(), serve_url)
 
     print(f"  timing {args.ticks} rounds of tick / naive / tick with probes ...", flush=True)
     plain: list[Sample] = []
     naive: list[Sample] = []
     probed: list[Sample] = []
+    exact: dict[str, list[int]] = {"tick": [], "tick_with_probes": []}
     for _ in range(args.ticks):
         gc.collect()
         publish()
         plain.append(timed_tick(next_now(), None))
         check_tick(plain[-1], n, len(slots), probes=False)
-        publish()
+        exact["tick"].append(exactly_measured(clock["now"], served))
         naive.append(timed_naive(naive_now()))
         publish()
         probed.append(timed_tick(next_now(), serve_url))
         check_tick(probed[-1], n, len(slots), probes=True)
+        exact["tick_with_probes"].append(exactly_measured(clock["now"], served))
     probes_ok = min(probes_ok, probe_results_ok(n))
+    measured["slots_measured_exactly"] = {k: sorted(set(v)) for k, v in exact.items()}
 
     profile: dict[str, Any] = {}
     if args.profile:
@@ -854,6 +906,7 @@ def run_size(
         "naive": summarise(naive, n),
         "sql": {"tick": sql_plain, "tick_with_probes": sql_probes},
         "probes_answered_200": probes_ok,
+        "measured": measured,
         "profile": profile,
     }
     tick_p50, naive_p50 = result["tick"]["p50_ms"], result["naive"]["p50_ms"]
@@ -974,6 +1027,10 @@ def print_table(results: list[dict[str, Any]]) -> None:
 
     add("slots (stable + canary)", lambda r: r["slots"])
     add("stored SLI rows", lambda r: f"{r['stored_rows']:,}")
+    add(
+        "windows found / slot (lookup)",
+        lambda r: f"{r['measured']['windows_found_per_slot']:g} of {r['measured']['windows']}",
+    )
     add("tick p50 ms", lambda r: f"{r['tick']['p50_ms']:.1f}")
     add("tick max ms", lambda r: f"{r['tick']['max_ms']:.1f}")
     add("tick ms / deployment (p50)", lambda r: f"{r['tick']['p50_ms_per_deployment']:.3f}")
@@ -996,6 +1053,14 @@ def print_table(results: list[dict[str, Any]]) -> None:
     )
     add("  probes alone ms / deployment", lambda r: f"{r['probe_cost_ms_per_deployment']:.3f}")
     add("  probes answered 200", lambda r: r["probes_answered_200"])
+    add(
+        "slots measured exactly (no probes)",
+        lambda r: "/".join(map(str, r["measured"]["slots_measured_exactly"]["tick"])),
+    )
+    add(
+        "slots measured exactly (probes)",
+        lambda r: "/".join(map(str, r["measured"]["slots_measured_exactly"]["tick_with_probes"])),
+    )
     add("naive p50 ms", lambda r: f"{r['naive']['p50_ms']:.1f}")
     add("naive ms / deployment", lambda r: f"{r['naive']['p50_ms_per_deployment']:.3f}")
     add("  worker CPU ms / deployment", lambda r: f"{r['naive']['p50_cpu_ms_per_deployment']:.3f}")

@@ -121,11 +121,14 @@ def make_world(name: str) -> TenantWorld:
 
 @pytest.fixture(autouse=True)
 def _clean_redis() -> Any:
-    """Rate-limit buckets and cache entries must not leak between tests (test Redis db only)."""
+    """Rate-limit buckets, cache entries and the ops loop's state (replicas' SLI values, the
+    health tick's counters: keyed by deployment id, which a new test database hands out
+    again) must not leak between tests (test Redis db only)."""
     client = redis.Redis.from_url(settings.REDIS_URL)
     for pattern in (
         f"{settings.RATE_LIMIT_KEY_PREFIX}:*",
         f"{settings.CACHES['default']['KEY_PREFIX']}:*",
+        f"{settings.SLI_KEY_PREFIX}:*",
     ):
         keys = list(client.scan_iter(pattern))
         if keys:

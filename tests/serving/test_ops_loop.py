@@ -55,16 +55,6 @@ spec:
 """
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis() -> Any:
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    for key in client.scan_iter(f"{settings.SLI_KEY_PREFIX}:*"):
-        client.delete(key)
-    yield
-    for key in client.scan_iter(f"{settings.SLI_KEY_PREFIX}:*"):
-        client.delete(key)
-
-
 @pytest.fixture
 def applied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Reconciles the rollback asked for (no Ray here): the revision each one saw as current."""

@@ -12,7 +12,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-import redis
 from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
@@ -60,16 +59,6 @@ spec:
   alerts:
     - {severity: page, burn_rate: 14.4, long: 1h, short: 5m, action: notify}
 """
-
-
-@pytest.fixture(autouse=True)
-def _clean_sli_keys() -> Any:
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    for key in client.scan_iter(f"{settings.SLI_KEY_PREFIX}:*"):
-        client.delete(key)
-    yield
-    for key in client.scan_iter(f"{settings.SLI_KEY_PREFIX}:*"):
-        client.delete(key)
 
 
 def _deployment(world: TenantWorld) -> Deployment:

@@ -57,7 +57,10 @@ class DelayingProxy:
                 body = self.rfile.read(length) if length else None
                 if self.command == "PUT":
                     proxy.held.set()
-                    time.sleep(proxy.delay_s)
+                    proxy.closed.wait(proxy.delay_s)
+                    if proxy.closed.is_set():  # its sender is dead: never apply a stale config
+                        self.send_error(503)
+                        return
                 request = urllib.request.Request(
                     upstream + self.path, data=body, method=self.command,
                     headers={k: v for k, v in self.headers.items() if k.lower() != "host"},
@@ -81,11 +84,13 @@ class DelayingProxy:
 
         self.delay_s = delay_s
         self.held = threading.Event()
+        self.closed = threading.Event()
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
+        self.closed.set()
         self.server.shutdown()
         self.server.server_close()
 

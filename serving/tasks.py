@@ -54,7 +54,15 @@ def refresh_deployment_status() -> dict[int, str]:
     if not control.has_deployments():
         return {}
     try:
-        return control.refresh_status()
+        from serving.control.cluster import ray_target_from_env
+
+        client = ray_target_from_env().serve_client()
+        apps = client.applications()
+        drifted = control.config_drift(apps)
+        if drifted:  # Serve runs an older config than the portal applied: apply it again
+            logger.warning("Serve runs stale configs of %s: reconciling", ", ".join(drifted))
+            control.reconcile(force=True, client=client)
+        return control.refresh_status(client=client)
     except ServeApiError as exc:  # no cluster yet (starting, or PORTAL_RAY=off): say so once
         logger.warning("deployment status not refreshed: %s", exc)
         return {}

@@ -235,6 +235,33 @@ def _message(info: AppInfo) -> str:
     return "\n".join(parts)
 
 
+# An applied revision Serve still does not run after this long is drift, not rollout lag.
+DRIFT_GRACE_S = 15.0
+
+
+def config_drift(apps: dict[str, AppInfo]) -> list[str]:
+    """Routers whose deployed revision is not the revision the portal applied (a late PUT
+    from a dead reconciler, a config changed behind the portal's back): names of the apps."""
+    now = timezone.now()
+    drifted = []
+    live = Deployment.objects.filter(
+        deleted_at__isnull=True, current_revision__applied_at__isnull=False
+    ).select_related("tenant", "current_revision")
+    for deployment in live:
+        revision = deployment.current_revision
+        if revision is None or revision.applied_at is None:
+            continue
+        info = apps.get(f"{deployment.tenant.slug}--{deployment.name}")
+        if (
+            info is not None
+            and info.router_revision is not None
+            and info.router_revision != revision.number
+            and (now - revision.applied_at).total_seconds() > DRIFT_GRACE_S
+        ):
+            drifted.append(info.name)
+    return drifted
+
+
 def refresh_status(*, client: ServeApiClient | None = None) -> dict[int, str]:
     """Copy what Serve reports into each deployment; mark revisions converged."""
     client = client or ray_target_from_env().serve_client()

@@ -117,6 +117,9 @@ class AppInfo:
     message: str
     last_deployed_time_s: float
     deployments: Mapping[str, DeploymentInfo]
+    # The portal revision in the router's deployed user_config (None for other apps): what
+    # Serve actually runs, to compare with what the portal applied last.
+    router_revision: int | None = None
 
     @property
     def replicas(self) -> list[ReplicaInfo]:
@@ -138,8 +141,19 @@ def parse_applications(details: Mapping[str, Any]) -> dict[str, AppInfo]:
             message=str(raw.get("message") or ""),
             last_deployed_time_s=float(raw.get("last_deployed_time_s") or 0.0),
             deployments=deployments,
+            router_revision=_router_revision(raw.get("deployed_app_config")),
         )
     return apps
+
+
+def _router_revision(config: Any) -> int | None:
+    if not isinstance(config, Mapping):
+        return None
+    for deployment in config.get("deployments") or ():
+        if isinstance(deployment, Mapping) and deployment.get("name") == "router":
+            revision = (deployment.get("user_config") or {}).get("revision")
+            return int(revision) if isinstance(revision, int) else None
+    return None
 
 
 def _parse_deployment(app: str, name: str, raw: Mapping[str, Any]) -> DeploymentInfo:

@@ -110,3 +110,22 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
             if not config.temp_dir.is_relative_to(config.data_dir):
                 shutil.rmtree(config.temp_dir, ignore_errors=True)
         assert not leftover, f"Ray processes left behind: {leftover}"
+
+
+@pytest.fixture(autouse=True)
+def _serve_apps_removed_after_ray_tests(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A Ray test's applications leave with it: live replicas would otherwise keep publishing
+    SLI values under app names (`acme--assistant`) that later tests' worlds use again."""
+    yield
+    if "ray_cluster" not in request.fixturenames:
+        return
+    cluster: RayCluster = request.getfixturevalue("ray_cluster")
+    client = cluster.client()
+    names = list(client.applications())
+    if names:
+        client.put({
+            "proxy_location": "HeadOnly",
+            "http_options": dict(cluster.target.serve_http_options),
+            "applications": [],
+        })  # fmt: skip
+        client.wait_until(names, ["ABSENT"], timeout=90)

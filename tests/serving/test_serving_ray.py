@@ -352,3 +352,47 @@ def test_an_unreachable_cluster_fails_the_run_and_records_why(world_a: TenantWor
         control.reconcile(target=nowhere)
     run = ReconcileRun.objects.order_by("-pk").first()
     assert run is not None and not run.ok and "unreachable" in run.error
+
+
+def test_a_stale_config_landing_late_is_found_and_replaced(
+    world_a: TenantWorld, ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead reconciler's PUT that Serve applies after a newer one: the status refresh sees
+    the router running an older revision than the portal applied, and applies the newest."""
+    from datetime import timedelta
+
+    from serving.tasks import refresh_deployment_status
+
+    deployment = _served(world_a)
+    Deployment.objects.exclude(pk=deployment.pk).update(deleted_at=timezone.now())
+    app = f"{world_a.tenant.slug}--assistant"
+    _apply(ray_cluster, [app])
+    stale, _ = control.compiled_config(ray_cluster.target)
+    old = deployment.current_revision.number
+    deployments.deployment_change(
+        tenant=world_a.tenant, actor=Actor(user=world_a.owner), deployment=deployment,
+        changes={"guard": {"max_tokens": 64}}, reason="a newer revision",
+    )  # fmt: skip
+    _apply(ray_cluster, [app])
+    client = ray_cluster.client()
+    new = Deployment.objects.get(pk=deployment.pk).current_revision
+    assert client.applications()[app].router_revision == new.number != old
+    client.put(stale)  # the late PUT
+    deadline = time.monotonic() + 30
+    while client.applications()[app].router_revision != old and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert control.config_drift(client.applications()) == []  # within the grace: rollout lag
+    type(new).objects.filter(pk=new.pk).update(applied_at=timezone.now() - timedelta(seconds=60))
+    assert control.config_drift(client.applications()) == [app]
+    # The beat task, pointed at this cluster, puts the newest config back.
+    for name, value in {
+        "RAY_ADDRESS": ray_cluster.target.address, "RAY_DASHBOARD_URL": ray_cluster.dashboard_url,
+        "RAY_AUTH_TOKEN": ray_cluster.token, "RAY_SERVE_URL": ray_cluster.serve_url,
+        "PORTAL_RAY_SERVE_HOST": "127.0.0.1",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    refresh_deployment_status()
+    deadline = time.monotonic() + 30
+    while client.applications()[app].router_revision != new.number and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert client.applications()[app].router_revision == new.number

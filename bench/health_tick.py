@@ -853,6 +853,12 @@ def run_size(
 
     publish_s: list[float] = []
 
+    def resync() -> None:
+        """An untimed plain tick after a probe tick: replicas the probe tick dropped as stale
+        (`health.STALE_S`, checked after the probes) are recounted here, not in a timed tick."""
+        publish()
+        health.tick(now=next_now(), serve_url=None, act=True)
+
     def publish() -> None:
         clock["round"] += 1
         started = time.perf_counter()
@@ -874,6 +880,7 @@ def run_size(
     sql_plain = capture_sql(now, None)
     measured = verify_measured(slots, now, history)
     sql_probes = capture_sql(settled(), serve_url)
+    resync()
 
     print(f"  timing {args.ticks} rounds of tick / naive / tick with probes ...", flush=True)
     plain: list[Sample] = []
@@ -891,12 +898,9 @@ def run_size(
         probed.append(timed_tick(next_now(), serve_url))
         check_tick(probed[-1], n, len(slots), probes=True)
         exact["tick_with_probes"].append(exactly_measured(clock["now"], served))
-        # Untimed: replicas a probe tick dropped as stale are recounted here, not in the
-        # next timed tick.
-        publish()
-        health.tick(now=next_now(), serve_url=None, act=True)
-    probes_ok = min(probes_ok, probe_results_ok(n))
-    measured["slots_measured_exactly"] = {k: sorted(set(v)) for k, v in exact.items()}
+        probes_ok = min(probes_ok, probe_results_ok(n))
+        resync()
+    measured["slots_measured_exactly"] = exact
     measured["publish_s_p50"] = round(statistics.median(publish_s), 2)
 
     profile: dict[str, Any] = {}
@@ -1064,11 +1068,11 @@ def print_table(results: list[dict[str, Any]]) -> None:
     add("  probes answered 200", lambda r: r["probes_answered_200"])
     add(
         "slots measured exactly (no probes)",
-        lambda r: "/".join(map(str, r["measured"]["slots_measured_exactly"]["tick"])),
+        lambda r: spread(r["measured"]["slots_measured_exactly"]["tick"]),
     )
     add(
         "slots measured exactly (probes)",
-        lambda r: "/".join(map(str, r["measured"]["slots_measured_exactly"]["tick_with_probes"])),
+        lambda r: spread(r["measured"]["slots_measured_exactly"]["tick_with_probes"]),
     )
     add("naive p50 ms", lambda r: f"{r['naive']['p50_ms']:.1f}")
     add("naive ms / deployment", lambda r: f"{r['naive']['p50_ms_per_deployment']:.3f}")
@@ -1085,6 +1089,11 @@ def print_table(results: list[dict[str, Any]]) -> None:
     for row in rows:
         cells = "  ".join(f"{cell:>{w}}" for cell, w in zip(row[1:], cols, strict=True))
         print(f"  {row[0]:<{width}}  {cells}")
+
+
+def spread(values: list[int]) -> str:
+    low, high = min(values), max(values)
+    return str(low) if low == high else f"{low}-{high}"
 
 
 def environment() -> dict[str, Any]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from serving.dataplane.sli import BOUNDS_MS
@@ -44,24 +44,47 @@ class Counts:
             if len(getattr(self, name)) != HISTOGRAM_SIZE:
                 raise ValueError(f"{name} histogram needs {HISTOGRAM_SIZE} buckets")
 
-    def _combine(self, other: Counts, op: Callable[[Any, Any], Any]) -> Counts:
-        values: dict[str, Any] = {
-            name: op(getattr(self, name), getattr(other, name)) for name in _SCALARS
-        }
-        for name in _HISTS:
-            pairs = zip(getattr(self, name), getattr(other, name), strict=True)
-            values[name] = [op(a, b) for a, b in pairs]
-        return Counts(**values, seconds=op(self.seconds, other.seconds))
-
+    # The health tick adds, subtracts and serializes thousands of these per tick: plain code,
+    # no dataclasses.asdict (its deep copy was a third of a 1,000-deployment tick).
     def __add__(self, other: Counts) -> Counts:
-        return self._combine(other, lambda a, b: a + b)
+        return Counts(
+            self.requests + other.requests,
+            self.errors + other.errors,
+            self.rejected + other.rejected,
+            self.tokens_in + other.tokens_in,
+            self.tokens_out + other.tokens_out,
+            [a + b for a, b in zip(self.latency, other.latency, strict=True)],
+            [a + b for a, b in zip(self.ttft, other.ttft, strict=True)],
+            [a + b for a, b in zip(self.itl, other.itl, strict=True)],
+            self.seconds + other.seconds,
+        )
 
     def __sub__(self, other: Counts) -> Counts:
         """Elementwise, clamped at 0: a counter that restarted does not go negative."""
-        return self._combine(other, lambda a, b: max(a - b, 0))
+        return Counts(
+            max(self.requests - other.requests, 0),
+            max(self.errors - other.errors, 0),
+            max(self.rejected - other.rejected, 0),
+            max(self.tokens_in - other.tokens_in, 0),
+            max(self.tokens_out - other.tokens_out, 0),
+            [max(a - b, 0) for a, b in zip(self.latency, other.latency, strict=True)],
+            [max(a - b, 0) for a, b in zip(self.ttft, other.ttft, strict=True)],
+            [max(a - b, 0) for a, b in zip(self.itl, other.itl, strict=True)],
+            max(self.seconds - other.seconds, 0),
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "rejected": self.rejected,
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+            "latency": list(self.latency),
+            "ttft": list(self.ttft),
+            "itl": list(self.itl),
+            "seconds": self.seconds,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Counts:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from serving.dataplane.sli import BOUNDS_MS, quantile
@@ -66,7 +66,7 @@ class Evaluation:
         return max(actions, key=lambda a: _ACTION_RANK.get(a, 0)) if actions else None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = _finite(asdict(self))
+        out: dict[str, Any] = _finite(self)
         out["worst_action"] = self.worst_action
         return out
 
@@ -79,12 +79,15 @@ class GateResult:
 
 
 def _finite(value: Any) -> Any:
-    """JSON has no infinity; an overflow-bucket latency becomes null (the detail says why)."""
+    """Plain JSON data (dataclasses become dicts, without dataclasses.asdict's deep copies);
+    JSON has no infinity: an overflow-bucket latency becomes null (the detail says why)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _finite(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
 

@@ -946,9 +946,9 @@ BREAKDOWN = (
     ("serving/sli_store.py", "sample_row", "sample_row (model instances)"),
     ("django/db/models/query.py", "bulk_create", "bulk_create (insert)"),
     ("serving/health.py", "_kv_summary", "_kv_summary"),
-    ("serving/slo/counts.py", "_combine", "Counts + / -"),
+    ("serving/slo/counts.py", ("__add__", "__sub__", "_combine"), "Counts + / -"),
     ("serving/slo/counts.py", "from_dict", "Counts.from_dict"),
-    ("serving/slo/counts.py", "to_dict", "Counts.to_dict (dataclasses.asdict)"),
+    ("serving/slo/counts.py", "to_dict", "Counts.to_dict"),
     ("json/__init__.py", "loads", "json.loads"),
     ("json/__init__.py", "dumps", "json.dumps"),
     ("serving/health.py", "probe", "probes (HTTP, concurrent)"),
@@ -985,17 +985,19 @@ def profile_ticks(
         for (file, _, name), (_, _, _, ct, _) in entries.items()
         if file.endswith("serving/health.py") and name == "tick"
     )
+    total = total or stats.total_tt  # type: ignore[attr-defined]  # asyncio.run can hide `tick`
     breakdown = []
     for suffix, name, label in BREAKDOWN:
+        names = {name} if isinstance(name, str) else set(name)
         cum = sum(
             ct
             for (file, _, fn), (_, _, _, ct, _) in entries.items()
-            if fn == name and file.endswith(suffix)
+            if fn in names and file.endswith(suffix)
         )
         calls = sum(
             nc
             for (file, _, fn), (_, nc, _, _, _) in entries.items()
-            if fn == name and file.endswith(suffix)
+            if fn in names and file.endswith(suffix)
         )
         breakdown.append(
             {

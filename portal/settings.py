@@ -354,6 +354,8 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    # One line per request of the health tick's probes and webhooks would drown the log.
+    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }
 
 # --- Production hardening ---------------------------------------------------------------

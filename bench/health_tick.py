@@ -272,7 +272,7 @@ def counting_queries() -> Iterator[list[int]]:
 
 def quiet_console_logging() -> None:
     """Keep the portal's logging config (records, the redaction filter, formatting: their cost
-    is part of a tick; httpx logs every probe at INFO) but write the console to /dev/null."""
+    is part of a tick) but write the console to /dev/null."""
     devnull = open(os.devnull, "w")  # noqa: SIM115 (open for the whole run)
     for handler in logging.getLogger().handlers:
         if type(handler) is logging.StreamHandler:
@@ -940,11 +940,12 @@ BREAKDOWN = (
     ("serving/slo/model.py", "from_dict", "  Contract/objects from_dict"),
     ("redis/client.py", "execute", "Redis pipelines (read + write)"),
     ("serving/health.py", "_evaluate", "window lookup + evaluation"),
-    ("serving/sli_store.py", "lookup_before", "  lookup_before (query + decoding)"),
+    ("serving/sli_store.py", "lookup", "  BoundaryCache.lookup (>1 h: once a minute)"),
+    ("serving/sli_store.py", "lookup_before", "    lookup_before (query + decoding)"),
     ("serving/slo/evaluate.py", "evaluate", "  evaluate()"),
     ("serving/slo/evaluate.py", "to_dict", "Evaluation.to_dict (Redis info)"),
     ("serving/sli_store.py", "sample_row", "sample_row (model instances)"),
-    ("django/db/models/query.py", "bulk_create", "bulk_create (insert)"),
+    ("serving/sli_store.py", "insert_samples", "insert_samples (COPY)"),
     ("serving/health.py", "_kv_summary", "_kv_summary"),
     ("serving/slo/counts.py", ("__add__", "__sub__", "_combine"), "Counts + / -"),
     ("serving/slo/counts.py", "from_dict", "Counts.from_dict"),
@@ -952,7 +953,7 @@ BREAKDOWN = (
     ("json/__init__.py", "loads", "json.loads"),
     ("json/__init__.py", "dumps", "json.dumps"),
     ("serving/health.py", "probe", "probes (HTTP, concurrent)"),
-    ("logging/__init__.py", "callHandlers", "  log records written (httpx INFO)"),
+    ("logging/__init__.py", "callHandlers", "  log records written"),
     ("portal/logging.py", "filter", "    redaction filter"),
     ("serving/health.py", "_mark_good", "_mark_good"),
     ("serving/rollouts.py", "rollouts_advance", "rollouts_advance"),

@@ -68,6 +68,7 @@ class EventKind(models.TextChoices):
     ROLLBACK_STARTED = "rollback_started", "Rollback started"
     ROLLBACK_FINISHED = "rollback_finished", "Rollback finished"
     STATUS_CHANGED = "status_changed", "Status changed"
+    ESCALATED = "escalated", "Severity raised"
     ACKNOWLEDGED = "acknowledged", "Acknowledged"
     NOTE = "note", "Note"
     NOTIFICATION = "notification", "Notification"

@@ -225,3 +225,31 @@ def delivery_attempt(*, delivery_id: int) -> Outcome:
             error,
         )
     return Outcome(status, retry_in)
+
+
+SWEEP_GRACE_S = 120  # an attempt this far past due lost its task
+
+
+def deliveries_sweep(*, now: Any = None, limit: int = 500) -> list[int]:
+    """Send again the pending deliveries whose task was lost: the broker was down when the
+    incident committed, or a worker died holding the retry. Each is claimed (its next attempt
+    moved on by the grace) under a row lock that concurrent sweeps skip, so one sweep sends it
+    once; a task that was merely late may still make the delivery arrive twice, which the
+    receivers' dedupe on `X-Portal-Delivery` covers."""
+    from incidents.tasks import deliver_notification
+
+    now = now or timezone.now()
+    grace = timedelta(seconds=SWEEP_GRACE_S)
+    with transaction.atomic():
+        ids = list(
+            NotificationDelivery.objects.select_for_update(skip_locked=True)
+            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lt=now - grace)
+            .order_by("next_attempt_at")
+            .values_list("pk", flat=True)[:limit]
+        )
+        NotificationDelivery.objects.filter(pk__in=ids).update(next_attempt_at=now + grace)
+        for delivery_id in ids:
+            transaction.on_commit(_enqueue(deliver_notification, delivery_id))
+    if ids:
+        logger.warning("%s notification deliveries had lost their task: sent again", len(ids))
+    return ids

@@ -24,6 +24,7 @@ from incidents.configuration import (
     notification_channel_update,
 )
 from incidents.models import (
+    SEVERITY_RANK,
     STAGES,
     BreachAction,
     BreachGroup,
@@ -103,6 +104,25 @@ def _append(
     event.save()
     notify.broadcast_on_commit(incident, kind)
     return event
+
+
+def _escalate(tenant: Tenant, incident: Incident, fields: dict[str, Any], at: datetime) -> None:
+    """A page-level breach joining a ticket incident raises it to a page: the timeline says
+    why, and the channels that only take pages are told now."""
+    if SEVERITY_RANK[fields["severity"]] <= SEVERITY_RANK[incident.severity]:
+        return
+    before, incident.severity = incident.severity, fields["severity"]
+    incident.save(update_fields=["severity"])
+    event = _append(
+        tenant=tenant,
+        incident=incident,
+        kind=EventKind.ESCALATED,
+        message=f"severity {before} -> {incident.severity}: {fields['objective']} "
+        f"({fields['kind']}, {fields['group']})",
+        data={"severity": {"from": before, "to": incident.severity}},
+        at=at,
+    )
+    notify.deliveries_create(tenant=tenant, incident=incident, event=event)
 
 
 def _check_choice(value: str, choices: list[str], field: str) -> None:
@@ -241,6 +261,7 @@ def _breach_record_once(
         )
         clean_or_fail(breach, exclude=["tenant", "deployment", "incident"])
         breach.save()
+        _escalate(tenant, open_incident, fields, detected_at)
         _append(
             tenant=tenant,
             incident=open_incident,

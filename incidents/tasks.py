@@ -16,3 +16,9 @@ def deliver_notification(self: Any, delivery_id: int) -> str:
     if outcome.retry_in is not None:
         raise self.retry(countdown=outcome.retry_in)
     return outcome.status
+
+
+@task(queue="default", time_limit=60, idempotent=True)
+def sweep_notifications() -> int:
+    """Beat, every minute: deliveries whose task was lost are sent again."""
+    return len(notify.deliveries_sweep())

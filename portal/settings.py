@@ -201,6 +201,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "serving.tasks.prune_sli_samples",
         "schedule": 60.0,
     },
+    "notifications-sweep": {
+        "task": "incidents.tasks.sweep_notifications",
+        "schedule": 60.0,
+    },
 }
 
 # --- Auth -------------------------------------------------------------------------------
@@ -311,6 +315,13 @@ KV_CACHE_SECRET = (
     or hmac.new(SECRET_KEY.encode(), b"kv-cache-salt", hashlib.sha256).hexdigest()
 )
 SLI_KEY_PREFIX = env_str("SLI_KEY_PREFIX", "portal")
+# The GPU agent (serving.gpu_agent): samples a second, the node's name, and whether a machine
+# without a GPU streams the simulated provider (labelled simulated on every chart; `make up`
+# switches it on). METRICS_TOKEN protects /metrics (Prometheus); empty: /metrics is off.
+GPU_AGENT_HZ = env_float("GPU_AGENT_HZ", 5.0)
+GPU_AGENT_NODE = env_str("GPU_AGENT_NODE", "")
+GPU_AGENT_SIMULATE = env_bool("GPU_AGENT_SIMULATE", False)
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 
 # --- The ops loop -------------------------------------------------------------------------
 HEALTH_PROBES = env_bool("HEALTH_PROBES", True)  # synthetic probes through the Serve proxy

@@ -78,17 +78,29 @@ class GateResult:
     detail: str
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def _finite(value: Any) -> Any:
     """Plain JSON data (dataclasses become dicts, without dataclasses.asdict's deep copies);
-    JSON has no infinity: an overflow-bucket latency becomes null (the detail says why)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _finite(getattr(value, f.name)) for f in fields(value)}
+    JSON has no infinity: an overflow-bucket latency becomes null (the detail says why).
+    Runs for every slot every tick: scalars return first, field names are looked up once."""
+    kind = type(value)
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if value is None or kind is int or kind is str or kind is bool:
+        return value
+    names = _FIELD_NAMES.get(kind)
+    if names is None and is_dataclass(value) and not isinstance(value, type):
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in fields(value))
+    if names is not None:
+        return {name: _finite(getattr(value, name)) for name in names}
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     return value
 
 

@@ -175,6 +175,30 @@ def test_a_client_error_is_final_and_a_dead_receiver_is_retried(
     assert "ConnectError" in delivery.last_error
 
 
+def test_a_delivery_whose_task_was_lost_is_swept_and_sent_once(
+    world_a: TenantWorld, receiver: Receiver, django_capture_on_commit_callbacks: Any
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from incidents.tasks import sweep_notifications
+
+    receiver.secret = _webhook(world_a, receiver.url)
+    _, incident, _ = breach(world_a)  # its task never ran: the broker was down at commit
+    delivery = NotificationDelivery.objects.get(incident=incident)
+    assert notify.deliveries_sweep() == []  # not overdue yet: its task may still come
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweep_notifications.delay().get() == 0
+    later = timezone.now() + timedelta(seconds=notify.SWEEP_GRACE_S + 1)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert notify.deliveries_sweep(now=later) == [delivery.pk]
+        assert notify.deliveries_sweep(now=later) == []  # claimed: a second sweep skips it
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts) == ("sent", 1)
+    assert [r["delivery"] for r in receiver.requests] == [str(delivery.pk)]
+
+
 def test_email_and_severity_filter(
     world_a: TenantWorld, django_capture_on_commit_callbacks: Any
 ) -> None:

@@ -54,6 +54,34 @@ def test_another_objective_joins_the_slots_incident(world_a: TenantWorld) -> Non
     assert repeat.pk == second.pk and repeat.occurrences == 2
 
 
+def test_a_page_breach_joining_a_ticket_incident_raises_it_to_a_page(
+    world_a: TenantWorld,
+) -> None:
+    from incidents.models import NotificationDelivery
+
+    actor = Actor(user=world_a.owner)
+    services.notification_channel_create(
+        tenant=world_a.tenant, actor=actor, kind="email", name="pager", email="p@acme.example",
+        min_severity="page",
+    )  # fmt: skip
+    _, incident, _ = breach(world_a, objective="slow-burn", severity="ticket")
+    assert not NotificationDelivery.objects.filter(incident=incident).exists()
+    _, joined, opened = breach(world_a, objective="fast-burn", severity="page")
+    assert not opened and joined.pk == incident.pk
+    incident.refresh_from_db()
+    assert incident.severity == "page"
+    kinds = list(incident.events.order_by("pk").values_list("kind", flat=True))
+    assert kinds == ["breach", "escalated", "breach"]
+    escalated = incident.events.get(kind="escalated")
+    assert escalated.data["severity"] == {"from": "ticket", "to": "page"}
+    assert "fast-burn" in escalated.message
+    # The pager hears of it now; a later ticket breach never lowers the severity.
+    assert NotificationDelivery.objects.filter(incident=incident, event=escalated).count() == 1
+    breach(world_a, objective="another-slow-burn", severity="ticket")
+    incident.refresh_from_db()
+    assert incident.severity == "page" and incident.events.filter(kind="escalated").count() == 1
+
+
 def test_other_groups_and_drills_open_their_own(world_a: TenantWorld) -> None:
     _, base, _ = breach(world_a)
     _, other_group, opened_b = breach(world_a, group="canary")

@@ -36,7 +36,7 @@ install-dev: $(VENV)/.installed-dev frontend
 up: install
 	$(BIN)/python manage.py migrate --noinput -v 0
 	$(BIN)/python manage.py demo_tenant
-	$(BIN)/python manage.py up --port $(PORT)
+	GPU_AGENT_SIMULATE=$${GPU_AGENT_SIMULATE:-1} $(BIN)/python manage.py up --port $(PORT)
 
 lint: install-dev
 	$(BIN)/ruff check .

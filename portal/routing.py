@@ -10,3 +10,7 @@ websocket_urlpatterns: list[Any] = []
 from incidents.routing import websocket_urlpatterns as incidents_websockets  # noqa: E402
 
 websocket_urlpatterns += incidents_websockets
+
+from serving.routing import websocket_urlpatterns as serving_websockets  # noqa: E402
+
+websocket_urlpatterns += serving_websockets

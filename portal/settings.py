@@ -152,9 +152,14 @@ if REDIS_URL:
             "KEY_PREFIX": env_str("CACHE_KEY_PREFIX", "portal"),
         }
     }
+    # CHANNEL_LAYER=pubsub picks channels_redis' RedisPubSubChannelLayer (bench/ws_fanout.py
+    # compares the two); the default is the list-based RedisChannelLayer.
+    _pubsub = env_str("CHANNEL_LAYER", "core") == "pubsub"
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer"
+            if _pubsub
+            else "channels_redis.core.RedisChannelLayer",
             "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNEL_PREFIX", "portal:asgi")},
         }
     }

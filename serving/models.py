@@ -140,6 +140,11 @@ from serving.deployment_models import (  # noqa: E402, F401
     ReconcileRun,
     SharedPool,
 )
+from serving.gpu_models import (  # noqa: E402, F401
+    GpuDeviceSample,
+    GpuProcessSample,
+    GpuResolution,
+)
 from serving.ops_models import (  # noqa: E402, F401
     AnalysisResult,
     AnalysisRun,

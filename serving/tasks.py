@@ -107,9 +107,11 @@ def execute_rollback(rollback_id: int) -> str | None:
 
 @task(queue="health", time_limit=120)
 def prune_sli_samples() -> dict[str, int]:
-    """Raw SLI rows live an hour, minute rows 30 days."""
+    """Raw SLI rows and 1 s GPU rows live an hour, minute rows 30 days."""
     import time
 
+    from serving import gpu_agent
     from serving.sli_store import prune
 
-    return prune(now=time.time())
+    now = time.time()
+    return {**prune(now=now), **gpu_agent.prune(now=now)}

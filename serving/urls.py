@@ -1,8 +1,15 @@
 from django.urls import path
 
-from serving import ops_views, rollout_views, views
+from serving import gpu_views, ops_views, rollout_views, views
 
 urlpatterns = [
+    path("t/<slug:slug>/gpus/", gpu_views.gpu_dashboard, name="serving-gpus"),
+    path(
+        "t/<slug:slug>/gpus/deployments/",
+        gpu_views.gpu_deployments,
+        name="serving-gpus-deployments",
+    ),
+    path("t/<slug:slug>/gpus/history/", gpu_views.gpu_history, name="serving-gpus-history"),
     path("t/<slug:slug>/models/", views.models_page, name="serving-models"),
     path("t/<slug:slug>/models/<int:pk>/", views.model_page, name="serving-model"),
     path("t/<slug:slug>/models/<int:pk>/delete/", views.model_delete, name="serving-model-delete"),

@@ -10,6 +10,7 @@ files through WhiteNoise, Channels with the Redis layer) with uvicorn, as produc
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 import uvicorn
+from django.conf import settings
 from django.db import connection, connections
 from django.utils import timezone
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
@@ -27,13 +29,14 @@ from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwrig
 from incidents import services
 from serving import health
 from serving.contracts import contract_set
+from serving.gpu_agent import AgentConfig, GpuAgent
 from serving.models import Deployment, DeploymentStatus
 from tenants.actors import Actor
 from tests.conftest import PASSWORD, TenantWorld, make_world
 from tests.incidents.factories import breach
 from tests.incidents.slis import sample
 from tests.serving.test_ops_pages import CONTRACT, publish_sli
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [
     pytest.mark.browser,
@@ -210,3 +213,64 @@ def test_health_panel_follows_the_tick_and_charts_draw(page: Page, tmp_path: Pat
     chart.get_by_role("button", name="7d").click()
     expect(chart).to_have_attribute("data-range", "7d")
     expect(chart.get_by_test_id("chart-empty")).to_be_visible()  # no minute rows yet
+
+
+def test_the_gpu_dashboard_streams_samples_live(page: Page) -> None:
+    """The dashboard's chart gets the tenant's GPU samples over /ws/gpu/ from the real agent
+    (simulated provider: no GPU here), at least 10 in 3 s, marked simulated."""
+    world = make_world("Acme")
+    Deployment.objects.filter(tenant=world.tenant, name="assistant").update(
+        status=DeploymentStatus.RUNNING
+    )
+    stop: list[Any] = []
+
+    def agent_thread() -> None:  # the node's agent, as `manage.py gpu_agent --simulate` runs it
+        from channels.layers import get_channel_layer
+
+        async def run() -> None:
+            import redis.asyncio as aioredis
+
+            event = asyncio.Event()
+            stop.append((asyncio.get_running_loop(), event))
+            client = aioredis.Redis.from_url(settings.REDIS_URL)
+            agent = GpuAgent(AgentConfig(node="node-a", hz=5, simulate=True),
+                             layer=get_channel_layer(), redis_client=client)  # fmt: skip
+            try:
+                await agent.run(event)
+            finally:
+                await client.aclose()
+
+        try:
+            asyncio.run(run())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=agent_thread, daemon=True)
+    thread.start()
+    try:
+        _log_in(page, world)
+        page.goto(f"/t/{world.tenant.slug}/gpus/")
+        live = page.get_by_test_id("gpu-live")
+        if not page.get_by_test_id("gpu-simulated").count():  # the agent's first report
+            page.wait_for_timeout(1_000)
+            page.reload()
+        expect(page.get_by_test_id("gpu-simulated")).to_contain_text("not real measurements")
+        expect(page.get_by_test_id("gpu-card").first).to_be_visible(timeout=10_000)
+        first = int(live.get_attribute("data-samples") or 0)
+        page.wait_for_timeout(3_000)
+        received = int(live.get_attribute("data-samples") or 0) - first
+        assert received >= 10, f"{received} samples in 3 s"
+        expect(page.get_by_test_id("gpu-simulated-badge").first).to_be_visible()
+        expect(page.get_by_test_id("gpu-card").first.locator("canvas")).to_have_count(1)
+        expect(page.get_by_test_id("gpu-kv")).to_contain_text("assistant")
+        points = int(page.get_by_test_id("gpu-card").first.get_attribute("data-points") or 0)
+        assert points >= 10
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "gpu-dashboard.png"), full_page=True)
+        page.get_by_test_id("gpu-pause").click()
+        expect(page.get_by_test_id("gpu-pause")).to_have_attribute("aria-pressed", "true")
+    finally:
+        if stop:
+            loop, event = stop[0]
+            loop.call_soon_threadsafe(event.set)
+        thread.join(10)

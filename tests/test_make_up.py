@@ -272,7 +272,7 @@ def _complete(url: str, key: str, prompt: str = "Hello") -> tuple[int, dict[str,
             return exc.code, {"raw": body.decode(errors="replace")}
 
 
-def _log_in(base: str, email: str, password: str) -> tuple[str, str]:
+def _log_in(base: str, email: str, password: str) -> tuple[str, str, urllib.request.OpenerDirector]:
     opener, jar = _opener()
     status, _, page = _get(f"{base}/accounts/login/", opener)
     assert status == 200
@@ -293,7 +293,7 @@ def _log_in(base: str, email: str, password: str) -> tuple[str, str]:
     )
     with opener.open(request, timeout=10) as response:  # follows the redirects to the tenant
         assert response.status == 200
-        return response.geturl(), response.read().decode()
+        return response.geturl(), response.read().decode(), opener
 
 
 def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
@@ -314,10 +314,21 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
         assert status == 200
         assert "openapi:" in schema
 
-        final_url, page = _log_in(portal.base, email, password)
+        final_url, page, opener = _log_in(portal.base, email, password)
         assert re.fullmatch(rf"{re.escape(portal.base)}/t/[a-z0-9-]+/", final_url), final_url
         assert final_url == f"{portal.base}/t/{slug}/"
         assert 'data-testid="tenant-heading"' in page
+
+        # No GPU here: the web server runs the agent (no Redis) on the simulated provider,
+        # and the dashboard says so.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            status, _, gpus = _get(f"{portal.base}/t/{slug}/gpus/", opener)
+            if 'data-testid="gpu-simulated"' in gpus:
+                break
+            time.sleep(0.5)
+        assert status == 200 and 'data-testid="gpu-simulated"' in gpus, gpus[-2000:]
+        assert "SIMULATED" in gpus
 
         # Everything printed its start line before the portal answered.
         deadline = time.monotonic() + 10

@@ -362,3 +362,65 @@ def test_a_good_canary_is_promoted_through_its_steps_by_the_worker(
         assert traffic.groups["canary"] > 0
     finally:
         traffic.close()
+
+
+def test_gpu_processes_are_attributed_to_real_replica_pids(
+    world_a: TenantWorld, ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML is faked (no GPU here) but the pids are those of the real Serve replicas, found
+    through what the replicas themselves published: attribution works on live processes."""
+    import json
+
+    import redis
+    from asgiref.sync import async_to_sync
+    from django.conf import settings
+
+    from serving.gpu_agent import AgentConfig, GpuAgent, sample_log, tenant_group, views
+    from serving.telemetry.nvml import NvmlProvider
+    from tests.telemetry.test_providers import FakeGpu, FakeNvml
+
+    deployment = Deployment.objects.get(tenant=world_a.tenant, name="assistant")
+    Deployment.objects.exclude(pk=deployment.pk).update(deleted_at=deployment.created_at)
+    client = ray_cluster.client()
+    control.reconcile(target=ray_cluster.target, client=client)
+    app = f"{world_a.tenant.slug}--assistant"
+    client.wait_until([app], timeout=180)
+    r = redis.Redis.from_url(settings.REDIS_URL)
+    deadline = time.monotonic() + 30
+    published: list[dict[str, Any]] = []
+    while not published and time.monotonic() < deadline:
+        raw = r.hgetall(f"{settings.SLI_KEY_PREFIX}:sli:{app}:stable")
+        published = [json.loads(v) for v in raw.values()]
+        time.sleep(0.5)
+    assert published, "the replica published no SLI snapshot"
+    pids = {int(p["pid"]): str(p["replica"]) for p in published}
+    for pid in pids:  # live processes of this machine, Ray's replica actors
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        assert "ServeReplica" in cmdline or "ray" in cmdline, cmdline
+    gpus = [FakeGpu(uuid="GPU-0", processes=[(pid, 2 << 30) for pid in pids] + [(1, 1 << 30)])]
+    FakeNvml(gpus).install(monkeypatch)
+
+    async def step() -> dict[str, Any]:
+        import redis.asyncio as aioredis
+
+        agent = GpuAgent(AgentConfig(node="node-a", persist=False), provider=NvmlProvider(),
+                         redis_client=aioredis.Redis.from_url(settings.REDIS_URL))  # fmt: skip
+        assert agent.open()
+        agent.log = sample_log()
+        try:
+            snapshot = await agent.step()
+            return {"snapshot": snapshot, "views": views(snapshot, agent.replicas, agent.owners)}
+        finally:
+            await agent.log.aclose()
+            await agent.redis.aclose()
+
+    result = async_to_sync(step)()
+    attributed = {p["pid"]: p for p in result["snapshot"]["processes"]}
+    for pid, replica in pids.items():
+        assert attributed[pid]["deployment_id"] == deployment.pk
+        assert attributed[pid]["tenant_id"] == world_a.tenant.pk
+        assert attributed[pid]["replica"] == replica
+    assert attributed[1]["tenant_id"] is None  # pid 1 is nobody's replica
+    mine = result["views"][tenant_group(world_a.tenant.pk)]
+    assert {p["replica"] for p in mine["processes"]} == set(pids.values())
+    assert mine["kv"]["assistant"][0]["blocks_total"] > 0  # the engine's real KV pool

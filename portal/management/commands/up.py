@@ -77,6 +77,9 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--no-worker", action="store_true", help="do not start a worker")
         parser.add_argument("--no-beat", action="store_true", help="do not start beat")
+        parser.add_argument(
+            "--no-gpu-agent", action="store_true", help="do not run this node's GPU agent"
+        )
         parser.add_argument("--grace", type=float, default=15.0, help="seconds to wait on stop")
         parser.add_argument(
             "--no-ray", action="store_true", help="do not start the local Ray head (PORTAL_RAY=off)"
@@ -172,15 +175,14 @@ class Command(BaseCommand):
                     ready_marker='"started": true',
                 )
             )
-        parts += [
-            Part(
-                "web",
-                [
-                    py, "-m", "portal.serve",
-                    "--host", opts["host"], "--port", str(opts["port"]),
-                ],
-            )
-        ]  # fmt: skip
+        web = [py, "-m", "portal.serve", "--host", opts["host"], "--port", str(opts["port"])]
+        agent = not opts["no_gpu_agent"]
+        if agent and not settings.REDIS_URL:
+            # Without Redis the channel layer lives in the web process: so does the agent.
+            web.append("--gpu-agent")
+        parts.append(Part("web", web))
+        if agent and settings.REDIS_URL:
+            parts.append(Part("gpu-agent", [py, "manage.py", "gpu_agent"]))
         if not opts["no_worker"]:
             parts.append(
                 Part(

@@ -1,0 +1,98 @@
+"""The live GPU stream for the dashboard: `/ws/gpu/?tenant=<slug>[&since=<seq>]`, or
+`/ws/gpu/?node=<name>` for platform operators (staff).
+
+The session's user must be a member of the tenant (or staff, for a node); anyone else,
+anonymous included, is accepted and closed at once with code 4403 (a browser sees the code and
+stops reconnecting). A member joins only `tenant-<id>.gpu`. Every message is one sample as
+JSON text: {"seq": "<ms>-<n>", "at", "node", "simulated", "devices", "processes", "kv"}.
+
+Backpressure: samples are not queued per client. The newest sample of each node waits in one
+slot while the previous one is being written; a slow client skips to the newest, and its
+queue never grows. Resume: `since=<seq>` (the last sample the browser got) replays what it
+missed from the group's log (up to 5 minutes), then goes live without duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from incidents.consumers import FORBIDDEN, _member_tenant_id
+from serving.gpu_agent import node_group, sample_log, seq_key, tenant_group
+
+REPLAY_LIMIT = 1500  # 5 minutes at 5 Hz
+
+
+def _is_staff(user: Any) -> bool:
+    return bool(user is not None and user.is_authenticated and user.is_active and user.is_staff)
+
+
+class GpuConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
+    group: str | None = None
+
+    async def connect(self) -> None:
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        slug = (query.get("tenant") or [""])[0]
+        node = (query.get("node") or [""])[0]
+        since = (query.get("since") or [""])[0]
+        user = self.scope.get("user")
+        group = None
+        if slug and not node:
+            tenant_id = await database_sync_to_async(_member_tenant_id)(user, slug)
+            group = tenant_group(tenant_id) if tenant_id is not None else None
+        elif node and not slug and _is_staff(user):
+            group = node_group(node)
+        await self.accept()
+        if group is None:
+            await self.close(code=FORBIDDEN)
+            return
+        self.group = group
+        self.last = (0, 0)
+        self.pending: dict[str, tuple[str, str]] = {}  # node -> newest (seq, payload)
+        self.wake = asyncio.Event()
+        await self.channel_layer.group_add(group, self.channel_name)
+        if re.fullmatch(r"\d{1,15}-\d{1,10}", since):  # anything else: no replay
+            log = sample_log()
+            try:
+                missed = await log.since(group, since, REPLAY_LIMIT)
+            finally:
+                await log.aclose()
+            for seq, payload in missed:
+                await self._send(seq, payload)
+        self.sender = asyncio.ensure_future(self._drain())
+
+    async def disconnect(self, code: int) -> None:
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+            self.sender.cancel()
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """The stream is one-way."""
+
+    async def gpu_sample(self, event: dict[str, Any]) -> None:
+        """A sample from the group: it replaces any of its node's not yet written."""
+        seq, payload = str(event["seq"]), str(event["data"])
+        if seq_key(seq) <= self.last:
+            return  # replayed already
+        self.pending[str(event.get("node", ""))] = (seq, payload)
+        self.wake.set()
+
+    async def _drain(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            batch, self.pending = sorted(self.pending.values(), key=lambda i: seq_key(i[0])), {}
+            for seq, payload in batch:
+                await self._send(seq, payload)
+
+    async def _send(self, seq: str, payload: str) -> None:
+        key = seq_key(seq)
+        if key <= self.last:
+            return
+        self.last = key
+        await self.send(text_data=f'{{"seq":"{seq}",{payload[1:]}')

@@ -1,0 +1,174 @@
+"""The live GPU stream (`/ws/gpu/`) through the real ASGI app (origin check, session auth) and
+the real Redis channel layer, fed by the real agent (simulated provider): members get their
+tenant's samples only; every other group the code builds is refused with 4403; a slow client
+gets the newest sample; a reconnect resumes from its last sample without gaps or duplicates."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.contrib.auth.models import User
+
+from portal.asgi import application
+from serving.consumers import GpuConsumer
+from serving.gpu_agent import AgentConfig, GpuAgent, seq_key
+from serving.telemetry.simulated import SimulatedProvider
+from tests.conftest import TenantWorld
+from tests.incidents.test_consumers import ORIGIN, WebsocketCommunicator, close_code, session_cookie
+from tests.serving.test_ops_loop import _ready
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def gpu_socket(query: str, user: User | None = None) -> WebsocketCommunicator:
+    headers = [ORIGIN]
+    if user is not None:
+        headers.append((b"cookie", session_cookie(user)))
+    return WebsocketCommunicator(application, f"/ws/gpu/?{query}", headers=headers)
+
+
+def _agent() -> GpuAgent:
+    """The node's agent on the simulated provider; no replica published a pid here, so it
+    hosts one stand-in process per serving deployment (its demo mode)."""
+    agent = GpuAgent(
+        AgentConfig(node="node-a", persist=False),
+        provider=SimulatedProvider(devices=2, seed=3),
+        layer=get_channel_layer(),
+    )
+    assert agent.open()
+    return agent
+
+
+async def _samples(comm: WebsocketCommunicator, n: int, timeout: float = 3) -> list[Any]:
+    return [await comm.receive_json_from(timeout=timeout) for _ in range(n)]
+
+
+def test_a_member_gets_its_tenants_samples_and_nothing_else(
+    world_a: TenantWorld, world_b: TenantWorld
+) -> None:
+    _ready(world_a)
+    _ready(world_b)
+    mine = gpu_socket(f"tenant={world_a.tenant.slug}", world_a.viewer)  # viewers watch too
+    theirs = gpu_socket(f"tenant={world_b.tenant.slug}", world_b.owner)
+
+    async def scenario() -> tuple[list[Any], list[Any]]:
+        assert (await mine.connect(timeout=5))[0] and (await theirs.connect(timeout=5))[0]
+        agent = _agent()
+        try:
+            for _ in range(3):
+                await agent.step()
+            got_a, got_b = await _samples(mine, 3), await _samples(theirs, 3)
+        finally:
+            await agent.log.aclose()
+        await mine.disconnect()
+        await theirs.disconnect()
+        return got_a, got_b
+
+    got_a, got_b = async_to_sync(scenario)()
+    assert [s["simulated"] for s in got_a] == [True] * 3
+    assert {p["deployment"] for s in got_a for p in s["processes"]} == {"assistant"}
+    assert len({s["seq"] for s in got_a}) == 3
+    # B's stream carries B's stand-in process only: never A's replica or device choice.
+    assert all(world_a.tenant.slug not in json.dumps(s) for s in got_b)
+
+
+def test_every_group_the_code_builds_is_refused_to_strangers(
+    world_a: TenantWorld, world_b: TenantWorld
+) -> None:
+    a, b = world_a.tenant, world_b.tenant
+    refused: list[tuple[str, User | None]] = [
+        (f"tenant={a.slug}", None),  # anonymous
+        (f"tenant={a.slug}", world_b.owner),  # another tenant's owner
+        (f"tenant={a.pk}", world_a.owner),  # ids are not slugs
+        ("node=node-a", world_a.owner),  # node streams are for platform operators
+        ("node=node-a", None),
+        (f"tenant={b.slug}&node=node-a", world_b.owner),  # one stream a socket
+        (f"group=tenant-{a.pk}.gpu", world_b.owner),  # group names are never taken from users
+        (f"tenant=tenant-{a.pk}.gpu", world_b.owner),
+        ("", world_a.owner),
+    ]
+    for query, user in refused:
+        code = async_to_sync(close_code)(gpu_socket(query, user))
+        assert code == 4403, (query, user)
+    # A malformed resume point is ignored, not an error.
+    odd = gpu_socket(f"tenant={a.slug}&since=(0-0%20OR%201", world_a.owner)
+    assert async_to_sync(close_code)(odd) is None
+    staff = User.objects.create_user("ops", password="x" * 12, is_staff=True)
+    assert async_to_sync(close_code)(gpu_socket("node=node-a", staff)) is None  # stays open
+    assert async_to_sync(close_code)(gpu_socket(f"tenant={a.slug}", world_a.owner)) is None
+
+
+def test_a_slow_client_gets_the_newest_sample_not_a_queue(
+    world_a: TenantWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _ready(world_a)
+    original = GpuConsumer.send
+
+    async def slow_send(self: GpuConsumer, *args: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(0.4)  # a client on a bad link: each frame takes 0.4 s to go out
+        await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(GpuConsumer, "send", slow_send)
+    comm = gpu_socket(f"tenant={world_a.tenant.slug}", world_a.owner)
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        assert (await comm.connect(timeout=5))[0]
+        agent = _agent()
+        sent: list[str] = []
+        try:
+            for _ in range(20):  # 20 samples in about a second
+                snapshot = await agent.step()
+                sent.append(str(snapshot["at"]))
+                await asyncio.sleep(0.05)
+            got = []
+            while not await comm.receive_nothing(timeout=1.0):
+                got.append(await comm.receive_json_from())
+        finally:
+            await agent.log.aclose()
+        await comm.disconnect()
+        return sent, [str(s["at"]) for s in got]
+
+    sent, got = async_to_sync(scenario)()
+    assert 2 <= len(got) <= 6  # not 20: skipped to the newest each time
+    assert got[-1] == sent[-1]  # the newest one always arrives
+    assert got == sorted(got, key=float)
+
+
+def test_a_reconnect_resumes_from_the_last_sample(world_a: TenantWorld) -> None:
+    _ready(world_a)
+    first = gpu_socket(f"tenant={world_a.tenant.slug}", world_a.owner)
+    cookie = (b"cookie", session_cookie(world_a.owner))  # the session is written here, in sync
+
+    async def scenario() -> tuple[list[Any], list[Any], list[Any]]:
+        agent = _agent()
+        try:
+            assert (await first.connect(timeout=5))[0]
+            for _ in range(3):
+                await agent.step()
+            before = await _samples(first, 3)
+            await first.disconnect()
+            missed = [await agent.step() for _ in range(4)]  # while the socket was down
+            again = WebsocketCommunicator(
+                application,
+                f"/ws/gpu/?tenant={world_a.tenant.slug}&since={before[-1]['seq']}",
+                headers=[ORIGIN, cookie],
+            )
+            assert (await again.connect(timeout=5))[0]
+            replayed = await _samples(again, 4)
+            await agent.step()
+            live = await _samples(again, 1)
+            assert await again.receive_nothing(timeout=0.5)
+            await again.disconnect()
+        finally:
+            await agent.log.aclose()
+        return before, [m["at"] for m in missed], replayed + live
+
+    before, missed_at, after = async_to_sync(scenario)()
+    assert [s["at"] for s in after[:4]] == missed_at  # the gap, in order
+    seqs = [seq_key(s["seq"]) for s in before + after]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)  # no duplicates

@@ -326,3 +326,15 @@ class NotificationDelivery(TenantOwned):
 
     def __str__(self) -> str:
         return f"delivery {self.pk} to {self.channel_id} ({self.status})"
+
+
+# Chaos drills live in their own module; imported here so Django registers them.
+from incidents.drill_models import (  # noqa: E402, F401
+    ACTIVE_STATUSES,
+    ChaosDrill,
+    DrillEvent,
+    DrillRun,
+    DrillStatus,
+    FaultKind,
+    RevertStrategy,
+)

@@ -158,6 +158,7 @@ def breach_record(
     burn_long: float | None = None,
     burn_short: float | None = None,
     is_drill: bool = False,
+    drill_run_id: int | None = None,
     join: Incident | None = None,
 ) -> tuple[SlaBreach, Incident, bool]:
     """Record a breach; returns (breach, incident, opened). One open (triggered or acknowledged)
@@ -178,7 +179,7 @@ def breach_record(
     objective = (objective or "").strip()
     if not objective:
         raise ValidationFailed("name the objective or rule.", field="objective")
-    key, breach_key = _dedup_keys(deployment, group, objective, is_drill)
+    key, breach_key = _dedup_keys(deployment, group, objective, is_drill or bool(drill_run_id))
     for attempt in range(DEDUP_RETRIES):
         try:
             with transaction.atomic():
@@ -200,7 +201,8 @@ def breach_record(
                         "burn_short": burn_short,
                     },
                     detected_at=detected_at,
-                    is_drill=is_drill,
+                    is_drill=is_drill or drill_run_id is not None,
+                    drill_run_id=drill_run_id,
                     join=join,
                 )
         except IntegrityError:
@@ -219,6 +221,7 @@ def _breach_record_once(
     fields: dict[str, Any],
     detected_at: datetime,
     is_drill: bool,
+    drill_run_id: int | None = None,
     join: Incident | None = None,
 ) -> tuple[SlaBreach, Incident, bool]:
     if join is not None:
@@ -287,6 +290,7 @@ def _breach_record_once(
         triggered_at=detected_at,
         dedup_key=key,
         is_drill=is_drill,
+        drill_run_id=drill_run_id,
         summary=fields["detail"],
     )
     # The partial unique constraint is left to the database: under concurrency it raises

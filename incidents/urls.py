@@ -1,8 +1,23 @@
 from django.urls import path
 
-from incidents import views
+from incidents import drill_views, views
 
 urlpatterns = [
+    path("t/<slug:slug>/drills/", drill_views.drills_page, name="drills"),
+    path("t/<slug:slug>/drills/new/", drill_views.drill_new, name="drill-new"),
+    path("t/<slug:slug>/drills/<int:pk>/", drill_views.drill_page, name="drill-detail"),
+    path("t/<slug:slug>/drills/<int:pk>/run/", drill_views.drill_run_start, name="drill-start"),
+    path("t/<slug:slug>/drill-runs/<int:pk>/", drill_views.drill_run_page, name="drill-run"),
+    path(
+        "t/<slug:slug>/drill-runs/<int:pk>/live/",
+        drill_views.drill_run_live,
+        name="drill-run-live",
+    ),
+    path(
+        "t/<slug:slug>/drill-runs/<int:pk>/stop/",
+        drill_views.drill_run_stop,
+        name="drill-run-stop",
+    ),
     path("t/<slug:slug>/incidents/", views.incident_list_page, name="incident-list"),
     path("t/<slug:slug>/incidents/table/", views.incident_table, name="incident-table"),
     path("t/<slug:slug>/incidents/<int:pk>/", views.incident_page, name="incident-detail"),

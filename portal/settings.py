@@ -206,6 +206,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "serving.tasks.prune_sli_samples",
         "schedule": 60.0,
     },
+    "drill-runs-resume": {
+        "task": "incidents.tasks.resume_drill_runs",
+        "schedule": 15.0,
+    },
     "notifications-sweep": {
         "task": "incidents.tasks.sweep_notifications",
         "schedule": 60.0,
@@ -303,6 +307,10 @@ SPECTACULAR_SETTINGS = {
         "BreachActionEnum": "incidents.models.BreachAction",
         "ChannelKindEnum": "incidents.models.ChannelKind",
         "RuleOpEnum": "incidents.models.RuleOp",
+        "DrillStatusEnum": "incidents.drill_models.DrillStatus",
+        "DrillSlotEnum": "incidents.drill_models.DrillSlot",
+        "FaultKindEnum": "incidents.drill_models.FaultKind",
+        "RevertStrategyEnum": "incidents.drill_models.RevertStrategy",
     },
 }
 
@@ -323,6 +331,7 @@ SLI_KEY_PREFIX = env_str("SLI_KEY_PREFIX", "portal")
 # The GPU agent (serving.gpu_agent): samples a second, the node's name, and whether a machine
 # without a GPU streams the simulated provider (labelled simulated on every chart; `make up`
 # switches it on). METRICS_TOKEN protects /metrics (Prometheus); empty: /metrics is off.
+DRILL_RESUME_AFTER_S = env_float("DRILL_RESUME_AFTER_S", 15.0)  # a drill run's lost step
 GPU_AGENT_HZ = env_float("GPU_AGENT_HZ", 5.0)
 GPU_AGENT_NODE = env_str("GPU_AGENT_NODE", "")
 GPU_AGENT_SIMULATE = env_bool("GPU_AGENT_SIMULATE", False)

@@ -16,6 +16,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from portal.exceptions import ConflictError, QuotaExceeded, ValidationFailed
+from serving.dataplane import faults as faults_catalogue
 from serving.deployment_models import (
     DEPLOYMENT_NAME_RE,
     SPEC_FIELDS,
@@ -44,7 +45,8 @@ BREAKER_LIMITS = {
     "open_s": (0.1, 3600),
     "half_open_probes": (1, 1000),
 }
-FAULT_KEYS = {"error_rate": (0.0, 1.0), "latency_ms": (0, 600000)}
+# The chaos-drill fault catalogue lives with the replicas that apply it (Django-free).
+FAULT_KEYS = faults_catalogue.FAULT_KEYS
 
 
 def _enqueue_reconcile() -> None:
@@ -162,10 +164,10 @@ def _clean_spec(tenant: Tenant, spec: dict[str, Any]) -> dict[str, Any]:
         )
     out["guard"] = _checked_map(out.get("guard"), "guard", GUARD_LIMITS)
     out["breaker"] = _checked_map(out.get("breaker"), "breaker", BREAKER_LIMITS)
-    faults = out.get("faults") or {}
-    if not isinstance(faults, dict) or set(faults) - {"stable", "canary"}:
-        raise ValidationFailed("faults are given per group: stable, canary.", field="faults")
-    out["faults"] = {g: _checked_map(v, f"faults.{g}", FAULT_KEYS) for g, v in faults.items()}
+    try:
+        out["faults"] = faults_catalogue.validate_faults(out.get("faults"), "faults")
+    except faults_catalogue.FaultSpecError as exc:
+        raise ValidationFailed(exc.message, field=exc.field) from None
     return out
 
 

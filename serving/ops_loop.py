@@ -36,6 +36,9 @@ def handle_firing(
         alerts, key=lambda a: (SEVERITY_ORDER.get(a.severity, 9), ACTION_ORDER.get(a.action, 9))
     )
     this_tick: Any = None  # the slot's incident of this tick: the other breaches join it
+    from incidents.drills import active_run_id
+
+    drill_run = active_run_id(deployment.pk)  # a drill's fault is in: its breaches are drills
     for alert in ordered:
         with transaction.atomic():
             breach, incident, _ = incidents.breach_record(
@@ -52,6 +55,7 @@ def handle_firing(
                 contract_version=target.contract_version,
                 burn_long=alert.burn_long,
                 burn_short=alert.burn_short,
+                drill_run_id=drill_run,
                 join=this_tick,
             )
             this_tick = incident

@@ -100,6 +100,8 @@ OBJECT_FACTORIES: dict[str, str] = {
     "incidents.NotificationChannel": "tests.incidents.factories:channel_for_world",
     "serving.Rollout": "tests.serving.factories:rollout_for_world",
     "serving.Rollback": "tests.serving.factories:rollback_for_world",
+    "incidents.ChaosDrill": "tests.incidents.factories:drill_for_world",
+    "incidents.DrillRun": "tests.incidents.factories:drill_run_for_world",
 }
 
 

@@ -147,3 +147,7 @@ def world_a(db: Any) -> TenantWorld:
 @pytest.fixture
 def world_b(db: Any) -> TenantWorld:
     return make_world("Globex")
+
+
+# The session's one Ray head (tests marked `ray`, in any folder) and its per-test clean-up.
+from tests.ray_cluster import _serve_apps_removed_after_ray_tests, ray_cluster  # noqa: E402, F401

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from serving.control.cluster import HeadState, LocalHeadConfig, head_processes, listening_sockets
-from tests.serving.conftest import free_ports
+from tests.ray_cluster import free_ports
 
 pytestmark = pytest.mark.slow
 

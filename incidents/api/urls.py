@@ -1,6 +1,6 @@
 from rest_framework.routers import SimpleRouter
 
-from incidents.api import views
+from incidents.api import drills, views
 
 router = SimpleRouter()
 router.register("incidents", views.IncidentViewSet, basename="incident")
@@ -9,5 +9,8 @@ router.register("cause-rules", views.CauseRuleViewSet, basename="cause-rule")
 router.register(
     "notification-channels", views.NotificationChannelViewSet, basename="notification-channel"
 )
+
+router.register("drills", drills.DrillViewSet, basename="drill")
+router.register("drill-runs", drills.DrillRunViewSet, basename="drill-run")
 
 urlpatterns = router.urls

@@ -19,12 +19,11 @@ import importlib
 import json
 import logging
 import os
-import random
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ray import serve
 from starlette.requests import Request
@@ -32,6 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from serving.dataplane import openai
 from serving.dataplane.breaker import BreakerConfig, CircuitBreaker
+from serving.dataplane.faults import FaultInjector, InjectedFault
 from serving.dataplane.guard import GuardConfig, Refused, check_lengths, parse_body
 from serving.dataplane.keys import bearer, key_matches
 from serving.dataplane.lifecycle import (
@@ -48,6 +48,7 @@ from serving.dataplane.traffic import choose_group, continue_trace
 
 logger = logging.getLogger("ray.serve")
 LOCAL_SERVER = "serving.dataplane.app:VersionCore"
+_E = TypeVar("_E", bound=BaseException)
 
 
 def _replica_id() -> str:
@@ -121,14 +122,18 @@ class VersionCore:
         self.faults: dict[str, Any] = {}
         self.reloads: list[dict[str, Any]] = []
         self.recorder = SliRecorder(app, group, "", _replica_id())
+        # Started now: a drill's crash/hang faults spare replicas started after it was issued.
+        self.chaos = FaultInjector(self.recorder.replica, started_at=time.time())
         self.publisher = _Publisher(lambda: self.recorder.roll(kv=self._kv_stats()), publish)
         self._load_lock = asyncio.Lock()
 
     def _kv_stats(self) -> dict[str, Any]:
-        return self.engine.metrics() if self.engine is not None else {}
+        metrics = self.engine.metrics() if self.engine is not None else {}
+        return {**metrics, "fault_leaked_mb": round(self.chaos.leaked_mb, 1)}
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         self.faults = dict(config.get("faults") or {})
+        self.chaos.configure(self.faults)
         self.tenants = {
             str(t): {"salt": bytes.fromhex(v["salt"]), "quota_blocks": v.get("quota_blocks")}
             for t, v in (config.get("tenants") or {}).items()
@@ -305,13 +310,14 @@ class VersionCore:
         return {**end, "text": text, "version": start.get("version"), "pid": start.get("pid")}
 
     async def _inject_faults(self) -> None:
-        """Faults a chaos drill switched on through user_config."""
-        latency_ms = float(self.faults.get("latency_ms", 0) or 0)
-        if latency_ms > 0:
-            await asyncio.sleep(latency_ms / 1000.0)
-        error_rate = float(self.faults.get("error_rate", 0) or 0)
-        if error_rate > 0 and random.random() < error_rate:  # noqa: S311 (fault injection)
-            raise RuntimeError("injected fault: error_rate")
+        """Per-request faults a chaos drill switched on through user_config (delays, then
+        failures: see serving.dataplane.faults)."""
+        await self.chaos.before_request()
+
+    def check_health(self) -> None:
+        """Serve's periodic health check: fails while a `replica_hang` fault selects this
+        replica, so Serve replaces it."""
+        self.chaos.check_health()
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -321,6 +327,7 @@ class VersionCore:
             "reloads": self.reloads[-10:],
             "kv": self._kv_stats(),
             "last_window": self.recorder.last,
+            "faults": self.chaos.snapshot(),
         }
 
 
@@ -381,6 +388,11 @@ class Router:
                 self.handles[name] = (group["app"], handle)
         self.breakers = breakers
         self.handles = {n: h for n, h in self.handles.items() if n in self.groups}
+
+    def check_health(self) -> None:
+        """Serve's health check of the router replica is also the in-process stable slot's."""
+        if self.local is not None:
+            self.local.check_health()
 
     def _breaker(self, group: str) -> CircuitBreaker:
         info = self.groups[group]
@@ -461,7 +473,12 @@ class Router:
                 return self._fail(life, refused, headers)
             if breaker is not None:
                 breaker.record(False)
-            upstream = Refused(502, "upstream_error", f"model version failed: {_short(exc)}")
+            # A drill's error burst answers with the status it asks for; any other failure
+            # of the version is a 502.
+            injected = _unwrap_as(exc, InjectedFault)
+            status = 502 if injected is None else injected.status
+            reason = _short(exc) if injected is None else injected.message
+            upstream = Refused(status, "upstream_error", f"model version failed: {reason}")
             return self._fail(life, upstream, headers)
 
     def _local(self) -> VersionCore:
@@ -556,11 +573,16 @@ async def _chain(first: dict[str, Any], rest: Any) -> AsyncIterator[dict[str, An
 
 def _unwrap_refused(exc: BaseException) -> Refused | None:
     """A Refused raised inside the version replica arrives wrapped by Ray."""
+    return _unwrap_as(exc, Refused)
+
+
+def _unwrap_as(exc: BaseException, kind: type[_E]) -> _E | None:
+    """`exc` or the exception of type `kind` it wraps (Ray wraps a replica's exceptions)."""
     seen: BaseException | None = exc
     for _ in range(5):
         if seen is None:
             return None
-        if isinstance(seen, Refused):
+        if isinstance(seen, kind):
             return seen
         cause = getattr(seen, "cause", None)
         seen = cause if isinstance(cause, BaseException) else seen.__cause__

@@ -74,3 +74,29 @@ def channel_for_world(world: TenantWorld) -> NotificationChannel:
         url="https://hooks.example.net/portal",
     )
     return channel
+
+
+def drill_for_world(world: TenantWorld) -> Any:
+    from incidents import drills
+
+    existing = drills.ChaosDrill.objects.filter(tenant=world.tenant).first()
+    if existing is not None:
+        return existing
+    return drills.drill_create(
+        tenant=world.tenant, actor=Actor(user=world.owner), deployment=deployment_of(world),
+        name="latency drill", fault="latency_spike", parameters={"delay_ms": 300},
+        duration_s=30,
+    )  # fmt: skip
+
+
+def drill_run_for_world(world: TenantWorld) -> Any:
+    """A finished run (history): no matrix test injects a fault for real."""
+    from incidents.drill_models import DrillRun, DrillStatus
+
+    drill = drill_for_world(world)
+    now = timezone.now()
+    return DrillRun.objects.create(
+        tenant=world.tenant, drill=drill, deployment=drill.deployment, fault=drill.fault,
+        status=DrillStatus.PASSED, snapshot={"group": "stable"}, started_at=now,
+        finished_at=now, verdict="the steady state held throughout",
+    )  # fmt: skip

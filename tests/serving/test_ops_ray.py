@@ -36,7 +36,7 @@ from serving.models import Deployment, DeploymentStatus, Rollback, RollbackStatu
 from serving.tasks import health_tick
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
-from tests.serving.conftest import RayCluster
+from tests.ray_cluster import RayCluster
 from tests.serving.test_ops_loop import FAST_CONTRACT, _version
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -97,9 +97,17 @@ class DelayingProxy:
 
 class Worker:
     def __init__(
-        self, tmp: Path, cluster: RayCluster, dashboard_url: str, *, reconcile: bool = False
+        self,
+        tmp: Path,
+        cluster: RayCluster,
+        dashboard_url: str,
+        *,
+        reconcile: bool = False,
+        queues: str = "default,health",
+        env: dict[str, str] | None = None,
     ) -> None:
         db = connection.settings_dict
+        self.queues = queues
         self.env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -113,6 +121,7 @@ class Worker:
             "ROLLBACK_RESUME_AFTER_S": "2",
             # Revisions the worker writes (rollout steps) are reconciled by its own task.
             "PORTAL_TEST_RECONCILE": "1" if reconcile else "",
+            **(env or {}),
         }
         self.pool = (
             ["--concurrency", "2"] if reconcile else ["--concurrency", "1", "--pool", "solo"]
@@ -126,7 +135,7 @@ class Worker:
         log_path = self.tmp / f"worker-{self.starts}.log"
         self.log = log_path.open("w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", "default,health",
+            [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", self.queues,
              *self.pool, "--without-gossip", "--without-mingle", "-l", "INFO"],
             cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -156,10 +165,11 @@ def worker_factory(tmp_path: Path, ray_cluster: RayCluster) -> Iterator[Callable
     workers: list[Worker] = []
     celery_app.conf.task_always_eager = False
 
-    def make(dashboard_url: str | None = None, *, reconcile: bool = False) -> Worker:
+    def make(dashboard_url: str | None = None, *, reconcile: bool = False, **extra: Any) -> Worker:
         worker = Worker(
-            tmp_path, ray_cluster, dashboard_url or ray_cluster.dashboard_url, reconcile=reconcile
-        )
+            tmp_path, ray_cluster, dashboard_url or ray_cluster.dashboard_url,
+            reconcile=reconcile, **extra,
+        )  # fmt: skip
         workers.append(worker)
         return worker
 

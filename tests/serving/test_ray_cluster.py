@@ -33,7 +33,7 @@ from serving.control.serve_api import (
     ServeApiError,
     ServeDeployFailed,
 )
-from tests.serving.conftest import RayCluster
+from tests.ray_cluster import RayCluster
 
 APP = "echo"
 ROUTE = "/echo"

@@ -29,7 +29,7 @@ from serving.engine.testing import write_tiny_checkpoint
 from tenants.actors import Actor
 from tenants.models import Quota
 from tests.conftest import TenantWorld
-from tests.serving.conftest import RayCluster
+from tests.ray_cluster import RayCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db]
 

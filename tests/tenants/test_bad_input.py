@@ -118,6 +118,33 @@ CASES += [
     ("deployment-ops-features", "POST", "deployment", {"freshness": {"f": "soon"}}, "freshness.f"),
 ]  # fmt: skip
 BODYLESS |= {("deployment-promote", "POST"), ("inference-key-revoke", "POST")}
+BODYLESS |= {("drill-runs", "POST"), ("drill-run-stop", "POST")}
+_DRILL = {"name": "d", "deployment": "assistant", "fault": "latency_spike"}
+CASES += [
+    ("drill-list", "POST", None, {**_DRILL, "name": ""}, "name"),
+    ("drill-list", "POST", None, {**_DRILL, "fault": "meteor"}, "fault"),
+    ("drill-list", "POST", None, {**_DRILL, "deployment": 0}, "deployment"),
+    ("drill-list", "POST", None, {**_DRILL, "parameters": {"delay_ms": -5}}, "parameters.delay_ms"),
+    ("drill-list", "POST", None, {**_DRILL, "parameters": {"bogus": 1}}, "parameters.bogus"),
+    ("drill-list", "POST", None, {**_DRILL, "duration_s": 2}, "duration_s"),
+    ("drill-list", "POST", None, {**_DRILL, "schedule": "sometimes"}, "schedule"),
+    (
+        "drill-list",
+        "POST",
+        None,
+        {**_DRILL, "steady_state": {"probes": [{"sli": "x"}]}},
+        "steady_state.probes[0].sli",
+    ),
+    (
+        "drill-list",
+        "POST",
+        None,
+        {**_DRILL, "abort_conditions": {"error_rate_above": 3}},
+        "abort_conditions.error_rate_above",
+    ),
+    ("drill-detail", "PATCH", "object:incidents.ChaosDrill", {"traffic_share": 2}, "traffic_share"),
+    ("drill-detail", "PATCH", "object:incidents.ChaosDrill", {"deployment": 1}, "deployment"),
+]
 BODYLESS |= {(f"rollout-{verb}", "POST") for verb in ("pause", "resume", "confirm", "abort")}
 BODYLESS |= {
     ("incident-acknowledge", "POST"),
@@ -127,7 +154,11 @@ BODYLESS |= {
 
 
 def _resolve(body: Any, world: TenantWorld) -> Any:
-    """`"served"` stands for the id of the world's deployed (ready) version."""
+    """`"served"` stands for the id of the world's deployed (ready) version, `"assistant"`
+    for its deployment's."""
+    if isinstance(body, dict) and body.get("deployment") == "assistant":
+        deployment = world.tenant.serving_deployment_set.get(name="assistant")
+        return {**body, "deployment": deployment.pk}
     if isinstance(body, dict) and body.get("version") == "served":
         from serving.models import ModelVersion
 

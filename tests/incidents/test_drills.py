@@ -1,0 +1,234 @@
+"""Chaos drills without Ray: validation that names the field, cron schedules in
+django-celery-beat, and a whole run driven step by step: steady state, the fault injected
+through a revision (with its TTL), the ops loop's drill incident and rollback (MTTD, MTTR),
+the revert, the verdict and the resilience score; aborts by condition and by hand."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from django_celery_beat.models import PeriodicTask
+
+from incidents import drills
+from incidents.models import DrillRun, DrillStatus, Incident
+from portal.exceptions import ConflictError, ValidationFailed
+from serving import deployments as deploy
+from serving import health
+from serving.contracts import contract_set
+from serving.models import Deployment, DeploymentStatus, Rollback
+from tenants.actors import Actor
+from tests.conftest import TenantWorld
+from tests.serving.test_ops_loop import FAST_CONTRACT, Replica, _ready, _version, applied  # noqa: F401
+
+pytestmark = pytest.mark.django_db
+
+PROBES = {"contract": True, "probes": [{"sli": "error_rate", "max": 0.05, "weight": 2}]}
+
+
+def _drill(world: TenantWorld, deployment: Deployment, **extra: Any) -> Any:
+    data: dict[str, Any] = {
+        "name": "canary errors", "fault": "error_burst", "group": "canary",
+        "traffic_share": 0.3, "duration_s": 10, "steady_state": PROBES, **extra,
+    }  # fmt: skip
+    return drills.drill_create(
+        tenant=world.tenant, actor=Actor(user=world.owner), deployment=deployment, **data
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"fault": "meteor_strike"}, "fault"),
+        ({"parameters": {"share": 0.5}}, "parameters.share"),
+        ({"fault": "latency_spike", "parameters": {"delay_ms": 0}}, "parameters.delay_ms"),
+        ({"fault": "latency_spike", "parameters": {"distribution": "normal"}},
+         "parameters.distribution"),
+        ({"steady_state": {"probes": [{"sli": "vibes", "max": 1}]}}, "steady_state.probes[0].sli"),
+        ({"steady_state": {"probes": [{"sli": "error_rate"}]}}, "steady_state.probes[0].max"),
+        ({"abort_conditions": {"error_rate_above": 2}}, "abort_conditions.error_rate_above"),
+        ({"schedule": "every tuesday"}, "schedule"),
+        ({"schedule": "61 * * * *"}, "schedule"),
+        ({"duration_s": 1}, "duration_s"),
+        ({"traffic_share": 0}, "traffic_share"),
+        ({"group": "blue"}, "group"),
+        ({"revert": "never"}, "revert"),
+    ],
+)  # fmt: skip
+def test_bad_drills_are_refused_naming_the_field(
+    world_a: TenantWorld, extra: dict[str, Any], field: str
+) -> None:
+    deployment = _ready(world_a)
+    with pytest.raises(ValidationFailed) as exc:
+        _drill(world_a, deployment, **extra)
+    assert exc.value.field == field, exc.value.message
+    assert not drills.ChaosDrill.objects.exists()  # nothing half-written
+
+
+def test_a_schedule_is_a_cron_entry_in_celery_beat(world_a: TenantWorld) -> None:
+    deployment = _ready(world_a)
+    drill = _drill(world_a, deployment, schedule="30 3 * * 1")
+    task = PeriodicTask.objects.get(name=f"drill-{drill.pk}")
+    assert task.task == "incidents.tasks.start_scheduled_drill" and task.queue == "chaos"
+    assert (task.crontab.minute, task.crontab.hour, task.crontab.day_of_week) == ("30", "3", "1")
+    actor = Actor(user=world_a.owner)
+    drills.drill_update(tenant=world_a.tenant, actor=actor, drill=drill, schedule="0 4 * * *")
+    task.refresh_from_db()
+    assert task.crontab.hour == "4"
+    drills.drill_update(tenant=world_a.tenant, actor=actor, drill=drill, is_active=False)
+    assert not PeriodicTask.objects.filter(name=f"drill-{drill.pk}").exists()
+    with pytest.raises(ConflictError):
+        _drill(world_a, deployment)  # same name
+
+
+def test_a_canary_error_burst_is_detected_rolled_back_and_scored(
+    world_a: TenantWorld,
+    applied: list[int],  # noqa: F811 (the fixture, imported above)
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    deployment = _ready(world_a)
+    actor = Actor(user=world_a.owner)
+    contract_set(tenant=world_a.tenant, actor=actor, deployment=deployment, source=FAST_CONTRACT)
+    v2 = _version(world_a, "v2")
+    deploy.deployment_set_canary(
+        tenant=world_a.tenant, actor=actor, deployment=deployment, version_id=v2.pk, percent=20
+    )
+    Deployment.objects.filter(pk=deployment.pk).update(status=DeploymentStatus.RUNNING)
+    stable, canary = Replica(deployment, "stable", "s1"), Replica(deployment, "canary", "c1")
+    drill = _drill(world_a, deployment)
+    t0 = time.time()
+
+    def tick(at: float, canary_failed: int = 0) -> None:
+        stable.serve(ok=40)
+        canary.serve(ok=10 - canary_failed, failed=canary_failed)
+        with django_capture_on_commit_callbacks(execute=True):
+            health.tick(now=at)
+
+    tick(t0)
+    run = drills.run_start(tenant=world_a.tenant, actor=actor, drill=drill)
+    assert drills.run_advance(run.pk, t0 + 0.1) == 0  # -> checking
+    assert drills.run_advance(run.pk, t0 + 0.2) == 0  # steady state holds -> injecting
+    assert drills.run_advance(run.pk, t0 + 0.3) == drills.STEP_S, DrillRun.objects.get(
+        pk=run.pk
+    ).verdict
+    run.refresh_from_db()
+    assert run.status == DrillStatus.OBSERVING and run.injected_at is not None
+    deployment.refresh_from_db()
+    fault = deployment.current_revision.faults["canary"]
+    assert fault["error_burst"] == {"status": 503, "share": 0.3} and fault["drill"] == str(run.pk)
+    assert fault["expires_at"] == pytest.approx(t0 + 0.3 + 10 + drills.TTL_GRACE_S, abs=0.01)
+    assert run.fault_revision == deployment.current_revision
+    # The replicas fail (what the fault does in Ray): the tick opens a drill incident and the
+    # ops loop rolls the canary back.
+    tick(t0 + 2, canary_failed=4)
+    incident = Incident.objects.get(tenant=world_a.tenant, deployment=deployment)
+    assert incident.is_drill and incident.drill_run_id == run.pk
+    assert incident.dedup_key.startswith("drill:")
+    assert Rollback.objects.filter(deployment=deployment).count() == 1
+    drills.run_advance(run.pk, t0 + 2.5)
+    run.refresh_from_db()
+    assert run.deviated and run.incident == incident and run.detected_at is not None
+    assert run.mitigated_at is not None and run.mttd_s is not None and run.mttr_s is not None
+    assert 0 <= run.mttd_s <= run.mttr_s
+    # Stable keeps serving well; the duration runs out; the fault left with the rollback.
+    tick(t0 + 8)
+    tick(t0 + 10.5)
+    assert drills.run_advance(run.pk, t0 + 10.6) == 0  # duration over -> reverting
+    assert drills.run_advance(run.pk, t0 + 10.7) == drills.STEP_S  # nothing left to revert
+    # The probe window (15 s) still holds the canary's failures: the run waits for recovery.
+    assert drills.run_advance(run.pk, t0 + 10.8) == drills.STEP_S
+    tick(t0 + 20)
+    assert drills.run_advance(run.pk, t0 + 20.1) is None
+    run.refresh_from_db()
+    assert run.status == DrillStatus.PASSED, run.verdict
+    assert run.verdict == "detected and recovered" and run.revert_revision is None
+    assert 0 < run.resilience_score < 100  # the probes broke while the fault was in
+    kinds = list(run.events.values_list("kind", flat=True))
+    for kind in ("scheduled", "checking", "steady_state", "injected", "deviated", "detected",
+                 "mitigated", "duration_over", "already_gone", "passed"):  # fmt: skip
+        assert kind in kinds, kinds
+    with pytest.raises(ConflictError):
+        drills.run_stop(tenant=world_a.tenant, actor=actor, run=run)
+
+
+def test_one_active_run_per_deployment_and_a_stop_reverts(world_a: TenantWorld) -> None:
+    deployment = _ready(world_a)
+    Deployment.objects.filter(pk=deployment.pk).update(status=DeploymentStatus.RUNNING)
+    actor = Actor(user=world_a.owner)
+    drill = _drill(world_a, deployment, group="stable", steady_state={"contract": False,
+                   "probes": [{"sli": "error_rate", "max": 0.5}]})  # fmt: skip
+    other = _drill(world_a, deployment, name="second", group="stable")
+    run = drills.run_start(tenant=world_a.tenant, actor=actor, drill=drill)
+    with pytest.raises(ConflictError) as exc:
+        drills.run_start(tenant=world_a.tenant, actor=actor, drill=other)
+    assert exc.value.field == "deployment"
+    now = time.time()
+    for step in range(3):
+        drills.run_advance(run.pk, now + step)
+    deployment.refresh_from_db()
+    assert "error_burst" in deployment.current_revision.faults["stable"]
+    drills.run_stop(tenant=world_a.tenant, actor=actor, run=run)
+    assert drills.run_advance(run.pk, now + 4) == 0  # -> reverting
+    drills.run_advance(run.pk, now + 5)  # the revert revision
+    deployment.refresh_from_db()
+    assert deployment.current_revision.faults == {}
+    assert drills.run_advance(run.pk, now + 6) is None
+    run.refresh_from_db()
+    assert run.status == DrillStatus.ABORTED and run.revert_revision is not None
+    assert "stopped by hand" in run.verdict
+
+
+def test_a_run_whose_steady_state_fails_first_injects_nothing(world_a: TenantWorld) -> None:
+    deployment = _ready(world_a)
+    Replica(deployment, "stable", "s1").serve(ok=5, failed=5)
+    health.tick(now=time.time())
+    drill = _drill(world_a, deployment, group="stable", steady_state={"contract": False,
+                   "probes": [{"sli": "error_rate", "max": 0.05}]})  # fmt: skip
+    run = drills.run_start(tenant=world_a.tenant, actor=Actor(user=world_a.owner), drill=drill)
+    now = time.time()
+    drills.run_advance(run.pk, now)
+    assert drills.run_advance(run.pk, now + 0.1) is None
+    run.refresh_from_db()
+    assert run.status == DrillStatus.ABORTED and "did not hold" in run.verdict
+    deployment.refresh_from_db()
+    assert deployment.current_revision.faults == {}  # nothing was injected
+
+
+def test_an_abort_condition_ends_the_run_early(world_a: TenantWorld) -> None:
+    deployment = _ready(world_a)
+    Deployment.objects.filter(pk=deployment.pk).update(status=DeploymentStatus.RUNNING)
+    replica = Replica(deployment, "stable", "s1")
+    replica.serve(ok=10)
+    now = time.time()
+    health.tick(now=now)
+    drill = _drill(world_a, deployment, group="stable", duration_s=300,
+                   steady_state={"contract": False, "probes": [{"sli": "error_rate", "max": 1}]},
+                   abort_conditions={"error_rate_above": 0.2})  # fmt: skip
+    run = drills.run_start(tenant=world_a.tenant, actor=Actor(user=world_a.owner), drill=drill)
+    for step in range(3):
+        drills.run_advance(run.pk, now + 0.1 * step)
+    replica.serve(ok=5, failed=5)
+    health.tick(now=now + 2)
+    assert drills.run_advance(run.pk, now + 2.1) == 0  # aborting -> reverting
+    drills.run_advance(run.pk, now + 2.2)
+    replica.serve(ok=10)
+    health.tick(now=now + 20)  # the probe window has only good requests again
+    assert drills.run_advance(run.pk, now + 20.1) is None
+    run.refresh_from_db()
+    assert run.status == DrillStatus.ABORTED and "error rate 25.0% above 20.0%" in run.verdict
+
+
+def test_runs_nobody_stepped_are_resumed(world_a: TenantWorld) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    deployment = _ready(world_a)
+    drill = _drill(world_a, deployment)
+    run = drills.run_start(tenant=world_a.tenant, actor=Actor(user=world_a.owner), drill=drill)
+    assert drills.runs_to_resume() == []
+    later = timezone.now() + timedelta(seconds=drills.RESUME_AFTER_S + 1)
+    assert drills.runs_to_resume(later) == [run.pk]
+    DrillRun.objects.filter(pk=run.pk).update(status=DrillStatus.PASSED)
+    assert drills.runs_to_resume(later) == []

@@ -23,3 +23,5 @@ urlpatterns = [
     path("", include("serving.urls")),
     path("", include("incidents.urls")),
 ]
+
+handler500 = "portal.middleware.server_error"

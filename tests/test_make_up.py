@@ -305,7 +305,10 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
     try:
         portal.wait_until_up(START_TIMEOUT)
         assert (portal.data_dir / "portal.sqlite3").exists(), "embedded mode uses SQLite"
-        assert "[up] Ray: off (PORTAL_RAY=off); deployments stay pending" in portal.output
+        # Printed right after the supervisor's own readiness check, which can trail ours.
+        portal.wait_for_output(
+            re.escape("[up] Ray: off (PORTAL_RAY=off); deployments stay pending"), timeout=30
+        )
 
         slug, email, password = _demo_login(portal.output)
         assert email == os.environ.get("DEMO_EMAIL", "demo@example.com")

@@ -20,13 +20,13 @@ from incidents.tasks import resume_drill_runs
 from serving import deployments
 from serving.contracts import contract_set
 from serving.control import reconcile as control
-from serving.models import Deployment, DeploymentRevision, DeploymentStatus
+from serving.models import Deployment, DeploymentRevision
 from serving.tasks import health_tick
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
 from tests.ray_cluster import RayCluster
 from tests.serving.test_ops_loop import FAST_CONTRACT, _version
-from tests.serving.test_ops_ray import Traffic, Worker, worker_factory  # noqa: F401
+from tests.serving.test_ops_ray import Traffic, Worker, wait_running, worker_factory  # noqa: F401
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 CHAOS_QUEUES = "default,health,chaos"
@@ -51,9 +51,7 @@ def _serving(world: TenantWorld, cluster: RayCluster, *, canary: bool) -> tuple[
     client = cluster.client()
     control.reconcile(target=cluster.target, client=client)
     client.wait_until(apps, timeout=180)
-    control.refresh_status(client=client)
-    deployment.refresh_from_db()
-    assert deployment.status == DeploymentStatus.RUNNING, deployment.status_message
+    wait_running(deployment, client)
     return deployment, key
 
 

@@ -229,10 +229,21 @@ def _deploy_failing_canary(world: TenantWorld, cluster: RayCluster) -> tuple[Dep
     control.reconcile(target=cluster.target, client=client)
     app = f"{world.tenant.slug}--assistant"
     client.wait_until([app, f"{app}--canary"], timeout=180)
-    control.refresh_status(client=client)
-    deployment.refresh_from_db()
-    assert deployment.status == DeploymentStatus.RUNNING, deployment.status_message
+    wait_running(deployment, client)
     return deployment, key
+
+
+def wait_running(deployment: Deployment, client: Any, timeout: float = 60) -> None:
+    """The status refresh says running (on a loaded machine Serve may still be settling the
+    last replica right after its applications first report RUNNING)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        control.refresh_status(client=client)
+        deployment.refresh_from_db()
+        if deployment.status == DeploymentStatus.RUNNING:
+            return
+        assert time.monotonic() < deadline, (deployment.status, deployment.status_message)
+        time.sleep(1.0)
 
 
 def _tick_until(done: Callable[[], bool], timeout: float) -> float:

@@ -15,8 +15,22 @@ logger = logging.getLogger(__name__)
 RETRY_AFTER_S = 5
 
 
-def _unavailable(exc: Exception) -> str | None:
-    """The dependency `exc` says is away, or None when it is another error."""
+def _unavailable(exc: BaseException) -> str | None:
+    """The dependency `exc` (or an error it was raised from) says is away, else None. Django
+    re-raises some: a session that could not be saved while PostgreSQL restarts arrives as
+    SessionInterrupted (a 400), raised from UpdateError, raised from the database error."""
+    seen = 0
+    cause: BaseException | None = exc
+    while cause is not None and seen < 5:
+        what = _away(cause)
+        if what is not None:
+            return what
+        cause = cause.__cause__ or cause.__context__
+        seen += 1
+    return None
+
+
+def _away(exc: BaseException) -> str | None:
     if isinstance(exc, OperationalError | InterfaceError):
         return "the database"
     try:
@@ -48,6 +62,12 @@ def unavailable_response(request: HttpRequest, exc: Exception) -> HttpResponse |
         )
     response["Retry-After"] = str(RETRY_AFTER_S)
     return response
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """handler400: a 400 that a dependency caused (see _unavailable) is a 503."""
+    response = unavailable_response(request, exception)
+    return response if response is not None else defaults.bad_request(request, exception)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

@@ -24,4 +24,5 @@ urlpatterns = [
     path("", include("incidents.urls")),
 ]
 
+handler400 = "portal.middleware.bad_request"
 handler500 = "portal.middleware.server_error"

@@ -35,3 +35,25 @@ def test_api_and_pages_get_a_503_naming_the_dependency(exc: Exception, what: str
 def test_other_errors_are_left_alone() -> None:
     request = RequestFactory().get("/t/acme/")
     assert _middleware().process_exception(request, ValueError("a bug")) is None
+
+
+def test_a_session_lost_to_the_database_is_a_503_not_a_400() -> None:
+    """As Django chains it: the session's save fails (DatabaseError -> UpdateError), the
+    session middleware turns that into SessionInterrupted, a 400."""
+    from django.contrib.sessions.backends.base import UpdateError
+    from django.contrib.sessions.exceptions import SessionInterrupted
+
+    from portal.middleware import bad_request
+
+    request = RequestFactory().get("/t/acme/")
+    try:
+        try:
+            try:
+                raise OperationalError("terminating connection due to administrator command")
+            except OperationalError:
+                raise UpdateError  # noqa: B904 (as Django does: the context carries the cause)
+        except UpdateError:
+            raise SessionInterrupted("The request's session was deleted.")  # noqa: B904
+    except SessionInterrupted as exc:
+        assert bad_request(request, exc).status_code == 503
+    assert bad_request(request, SessionInterrupted("tampered")).status_code == 400

@@ -131,14 +131,16 @@ def _check_choice(value: str, choices: list[str], field: str) -> None:
 
 
 def _dedup_keys(
-    deployment: Deployment, group: str, objective: str, is_drill: bool
+    deployment: Deployment, group: str, objective: str, is_drill: bool, run: int | None = None
 ) -> tuple[str, str]:
     """(incident key, breach key). One open incident per deployment slot: a canary failing
     several objectives at once is one incident with several breaches, not several pages."""
     incident_key, breach_key = f"{deployment.pk}:{group}", f"{deployment.pk}:{group}:{objective}"
-    # A drill's breach must not fold into (or hide) a real incident of the same slot.
+    # A drill's breach must not fold into (or hide) a real incident of the same slot, nor
+    # into another run's incident left open (each run measures its own detection).
     if is_drill:
-        incident_key, breach_key = f"drill:{incident_key}", f"drill:{breach_key}"
+        prefix = f"drill-{run}" if run is not None else "drill"
+        incident_key, breach_key = f"{prefix}:{incident_key}", f"{prefix}:{breach_key}"
     return incident_key[:200], breach_key[:200]
 
 
@@ -179,7 +181,9 @@ def breach_record(
     objective = (objective or "").strip()
     if not objective:
         raise ValidationFailed("name the objective or rule.", field="objective")
-    key, breach_key = _dedup_keys(deployment, group, objective, is_drill or bool(drill_run_id))
+    key, breach_key = _dedup_keys(
+        deployment, group, objective, is_drill or drill_run_id is not None, drill_run_id
+    )
     for attempt in range(DEDUP_RETRIES):
         try:
             with transaction.atomic():

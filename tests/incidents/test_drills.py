@@ -124,7 +124,7 @@ def test_a_canary_error_burst_is_detected_rolled_back_and_scored(
     tick(t0 + 2, canary_failed=4)
     incident = Incident.objects.get(tenant=world_a.tenant, deployment=deployment)
     assert incident.is_drill and incident.drill_run_id == run.pk
-    assert incident.dedup_key.startswith("drill:")
+    assert incident.dedup_key.startswith(f"drill-{run.pk}:")
     assert Rollback.objects.filter(deployment=deployment).count() == 1
     drills.run_advance(run.pk, t0 + 2.5)
     run.refresh_from_db()

@@ -21,6 +21,10 @@ class FaultKind(models.TextChoices):
     ERROR_BURST = "error_burst", "Error burst"
     REPLICA_CRASH = "replica_crash", "Replica crash"
     REPLICA_HANG = "replica_hang", "Replica hang"
+    KV_POLLUTION_PROBE = "kv_pollution_probe", "KV cache pollution probe"
+    TOKEN_STARVATION = "token_starvation", "Token starvation"
+    WEIGHT_SWAP_JITTER = "weight_swap_jitter", "Weight swap jitter"
+    CONTROL_PLANE_DELAY = "control_plane_delay", "Control plane delay"
 
 
 class DrillSlot(models.TextChoices):
@@ -133,7 +137,8 @@ class DrillRun(TenantOwned):
     incident = models.ForeignKey(
         "incidents.Incident", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    probes = models.JSONField(default=dict)  # {"checks": n, "held": weight held, "total": ...}
+    # {"checks": n, "held": weight held, "total": ..., "fault": what an active fault measured}
+    probes = models.JSONField(default=dict)
     deviated = models.BooleanField(default=False)
     stop_requested = models.BooleanField(default=False)
     verdict = models.TextField(blank=True)

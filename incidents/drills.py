@@ -23,6 +23,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from incidents import drill_faults
 from incidents.drill_models import (
     ACTIVE_STATUSES,
     ChaosDrill,
@@ -55,7 +56,17 @@ class Fault:
     description: str
     # parameter -> (low, high, default) for numbers, or a tuple of allowed strings
     parameters: dict[str, Any]
-    blast: str  # "traffic": traffic_share is the share of requests; "replicas": of replicas
+    # "traffic": traffic_share is the share of requests; "replicas": replica_share the share
+    # of replicas; "slot": the whole slot (no share applies); "control": the control plane.
+    blast: str
+
+
+BLAST_RADIUS = {
+    "traffic": "traffic_share",
+    "replicas": "replica_share",
+    "slot": "the whole slot (no share applies)",
+    "control": "the control plane: every Serve API call of the portal (all reconciles)",
+}
 
 
 CATALOGUE: dict[str, Fault] = {
@@ -97,6 +108,46 @@ CATALOGUE: dict[str, Fault] = {
         {},
         "replicas",
     ),
+    FaultKind.KV_POLLUTION_PROBE: Fault(
+        "KV cache pollution probe",
+        "Another tenant's identity replays the tenant's prompts and must see 0 prefix-cache "
+        "hits: a synthetic drill tenant (its own server-derived salt, its key accepted only "
+        "while the fault is in) replays fresh prompts the tenant just sent twice, on the "
+        "stable slot of a dedicated deployment. A cross-tenant hit fails the run at once; "
+        "the tenant's own repeat hits prove the probe could have seen one.",
+        {"replays_per_step": (1, 10, 2), "prompt_chars": (64, 8000, 400)},
+        "slot",
+    ),
+    FaultKind.TOKEN_STARVATION: Fault(
+        "Token starvation",
+        "A flood of long-context requests as the tenant (concurrency in flight for the whole "
+        "duration); KV block quotas, admission (429 kv_quota_exceeded) and the guard must "
+        "keep it the flooding tenant's problem: other tenants' deployments beside it (its "
+        "shared pool's, or its neighbours on the cluster) are probed throughout.",
+        {
+            "concurrency": (1, 64, 8),
+            "prompt_chars": (16, 60_000, 2000),
+            "max_tokens": (1, 4096, 32),
+            "bystander_max_error_rate": (0, 1, 0),
+        },
+        "slot",
+    ),
+    FaultKind.WEIGHT_SWAP_JITTER: Fault(
+        "Weight swap jitter",
+        "Repeated hot reloads under traffic: every interval_s a revision makes the slot's "
+        "replicas reload their weights (the old ones serve until the new ones are ready), "
+        "`reloads` times in all. Not one request may fail.",
+        {"reloads": (1, 100, 3), "interval_s": (1, 600, 5)},
+        "slot",
+    ),
+    FaultKind.CONTROL_PLANE_DELAY: Fault(
+        "Control plane delay",
+        "Every call of the portal's Serve API client (reconciles, status refreshes) waits "
+        "delay_ms while the fault is in (a Redis key with the fault's TTL); the data plane "
+        "must keep serving. The control plane is shared: every deployment's changes slow.",
+        {"delay_ms": (1, 10_000, 2000)},
+        "control",
+    ),
 }
 
 
@@ -112,8 +163,7 @@ def catalogue() -> list[dict[str, Any]]:
                 params[name] = {"min": rule[0], "max": rule[1], "default": rule[2]}
         out.append({
             "fault": str(kind), "title": fault.title, "description": fault.description,
-            "parameters": params,
-            "blast_radius": "traffic_share" if fault.blast == "traffic" else "replica_share",
+            "parameters": params, "blast_radius": BLAST_RADIUS[fault.blast],
         })  # fmt: skip
     return out
 
@@ -244,16 +294,17 @@ def _apply(drill: ChaosDrill, data: dict[str, Any]) -> None:
     for name, value in data.items():
         setattr(drill, name, value)
     drill.parameters = _check_parameters(drill.fault, drill.parameters)
+    if drill.group not in ("stable", "canary"):
+        raise ValidationFailed("stable or canary.", field="group")
     drill.steady_state = _check_steady_state(drill.steady_state)
     drill.abort_conditions = _check_abort(drill.abort_conditions)
     drill.schedule = _check_schedule(drill.schedule)
-    if drill.group not in ("stable", "canary"):
-        raise ValidationFailed("stable or canary.", field="group")
     if drill.revert not in RevertStrategy.values:
         raise ValidationFailed(f"one of {', '.join(RevertStrategy.values)}.", field="revert")
     from incidents.configuration import clean_or_fail
 
     clean_or_fail(drill, exclude=["tenant", "deployment", "created_by", "periodic_task"])
+    drill_faults.of(drill.fault).check(drill)
 
 
 def drill_create(
@@ -467,10 +518,13 @@ def fault_entry(run: DrillRun, now: float) -> dict[str, Any]:
     """The slot's `faults` for this run, as the replicas read them (serving.dataplane)."""
     snap = run.snapshot
     params = dict(snap["parameters"])
-    if CATALOGUE[run.fault].blast == "traffic":
+    blast = CATALOGUE[run.fault].blast
+    if blast == "traffic":
         params["share"] = snap["traffic_share"]
-    else:
+    elif blast == "replicas":
         params["replica_share"] = snap["replica_share"]
+    else:
+        params = drill_faults.of(run.fault).data_plane(run, params)
     return {
         run.fault: params,
         "drill": str(run.pk),
@@ -482,6 +536,24 @@ def fault_entry(run: DrillRun, now: float) -> dict[str, Any]:
 def _inject(run: DrillRun, now: float) -> float:
     from serving import deployments
 
+    active = drill_faults.of(run.fault)
+    reason = active.precheck(run)
+    if reason is None and active.control_side:
+        failed: str | None = "aborted: the fault could not go in"
+        reason = drill_faults.guarded(run, "inject", lambda: active.inject(run, now), failed)
+        if reason is None:
+            audit_record(tenant=run.deployment.tenant, actor=_actor(run),
+                         action="drill.fault_injected", obj=run,
+                         after={"fault": run.fault, **run.snapshot["parameters"]})  # fmt: skip
+            run.injected_at = _dt(now)
+            run.status = DrillStatus.OBSERVING
+            _event(run, "injected", f"{run.fault} injected on the control side (no revision)",
+                   parameters=run.snapshot["parameters"])  # fmt: skip
+            drill_faults.guarded(run, "injected", lambda: active.injected(run, now), None)
+            return STEP_S
+    if reason is not None:
+        _finish(run, DrillStatus.ABORTED, reason)
+        return 0.0
     group = run.snapshot["group"]
     revision = run.deployment.current_revision
     current = dict(revision.faults or {}) if revision is not None else {}
@@ -507,6 +579,7 @@ def _inject(run: DrillRun, now: float) -> float:
            f"{run.fault_revision.number}); expires at the latest "
            f"{datetime.fromtimestamp(entry['expires_at'], tz=UTC):%H:%M:%S}",
            fault=entry)  # fmt: skip
+    drill_faults.guarded(run, "injected", lambda: active.injected(run, now), None)
     return STEP_S
 
 
@@ -526,6 +599,14 @@ def _observe(run: DrillRun, now: float) -> float:
     if run.deviated and run.mitigated_at is None and run.incident is None and held:
         run.mitigated_at = _dt(now)  # recovered by itself (e.g. Serve restarted it)
         _event(run, "recovered", "the steady state holds again without an incident")
+    active = drill_faults.of(run.fault)
+    broken = drill_faults.guarded(run, "observe", lambda: active.observe(run, now), None)
+    if broken is not None:  # the drill saw it itself (a cross-tenant hit): detected at once
+        run.deviated = True
+        run.detected_at = run.detected_at or _dt(now)
+        _event(run, "detected", broken)
+        run.status = DrillStatus.REVERTING
+        return 0.0
     elapsed = now - run.injected_at.timestamp() if run.injected_at else 0.0
     if elapsed >= int(run.snapshot["duration_s"]):
         run.status = DrillStatus.REVERTING
@@ -537,6 +618,23 @@ def _observe(run: DrillRun, now: float) -> float:
 def _revert(run: DrillRun, now: float) -> float | None:
     from serving import deployments
 
+    active = drill_faults.of(run.fault)
+    if run.reverted_at is None and active.control_side:
+        always = run.snapshot.get("revert") != RevertStrategy.DEVIATED
+        if always or run.deviated or not active.lingers:
+            message = drill_faults.guarded(
+                run, "revert", lambda: active.revert(run, now), "not reverted: left to its TTL"
+            )
+            audit_record(tenant=run.deployment.tenant, actor=_actor(run),
+                         action="drill.fault_reverted", obj=run,
+                         after={"fault": run.fault})  # fmt: skip
+            _event(run, "reverted", message)
+        else:
+            _event(run, "left_to_ttl", "the steady state never deviated: the fault is left "
+                   "to its TTL (revert: deviated)")  # fmt: skip
+        run.reverted_at = _dt(now)
+        drill_faults.guarded(run, "wind_down", lambda: active.wind_down(run, now), None)
+        return STEP_S
     if run.reverted_at is None:
         group = run.snapshot["group"]
         revision = run.deployment.current_revision
@@ -559,7 +657,9 @@ def _revert(run: DrillRun, now: float) -> float | None:
             _event(run, "already_gone", "the fault is no longer in the deployment (a rollback "
                    "or another change removed it)")  # fmt: skip
         run.reverted_at = _dt(now)
+        drill_faults.guarded(run, "wind_down", lambda: active.wind_down(run, now), None)
         return STEP_S
+    drill_faults.guarded(run, "wind_down", lambda: active.wind_down(run, now), None)
     _note_detection(run, now)
     held, results = steady_state(run, now)
     waited = now - run.reverted_at.timestamp()
@@ -567,8 +667,11 @@ def _revert(run: DrillRun, now: float) -> float | None:
         return STEP_S
     if run.deviated and run.mitigated_at is None and held:
         run.mitigated_at = _dt(now)
+    failure = None if run.stop_requested else active.failure(run)
     if run.stop_requested or (run.verdict and run.verdict.startswith("aborted")):
         _finish(run, DrillStatus.ABORTED, run.verdict or "stopped by hand")
+    elif failure is not None:
+        _finish(run, DrillStatus.FAILED, failure)
     elif not held:
         _finish(
             run,

@@ -33,7 +33,7 @@ from serving.dataplane import openai
 from serving.dataplane.breaker import BreakerConfig, CircuitBreaker
 from serving.dataplane.faults import FaultInjector, InjectedFault
 from serving.dataplane.guard import GuardConfig, Refused, check_lengths, parse_body
-from serving.dataplane.keys import bearer, key_matches
+from serving.dataplane.keys import bearer, hash_key, key_matches
 from serving.dataplane.lifecycle import (
     COMPLETED,
     EXECUTING,
@@ -124,12 +124,24 @@ class VersionCore:
         self.recorder = SliRecorder(app, group, "", _replica_id())
         # Started now: a drill's crash/hang faults spare replicas started after it was issued.
         self.chaos = FaultInjector(self.recorder.replica, started_at=time.time())
-        self.publisher = _Publisher(lambda: self.recorder.roll(kv=self._kv_stats()), publish)
+        self.publisher = _Publisher(self._published, publish)
         self._load_lock = asyncio.Lock()
+        self._reload_key: tuple[Any, ...] | None = None  # weight_swap_jitter's, last seen
+        self._probe_identities: set[str] = set()  # kv_pollution_probe tenants seen here
+
+    def _published(self) -> dict[str, Any]:
+        """Once a second: the SLI window for Redis, after giving back what a departed probe
+        identity left in the KV cache (a fault that expired ends without a reconfigure)."""
+        self._forget_departed_probes()
+        return self.recorder.roll(kv=self._kv_stats())
 
     def _kv_stats(self) -> dict[str, Any]:
         metrics = self.engine.metrics() if self.engine is not None else {}
-        return {**metrics, "fault_leaked_mb": round(self.chaos.leaked_mb, 1)}
+        forced = [r for r in self.reloads if r.get("nonce") is not None]
+        keys = ("drill", "nonce", "ok", "s", "at")
+        reload = {k: forced[-1].get(k) for k in keys} if forced else None
+        return {**metrics, "fault_leaked_mb": round(self.chaos.leaked_mb, 1),
+                "fault_reload": reload}  # fmt: skip
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         self.faults = dict(config.get("faults") or {})
@@ -140,23 +152,48 @@ class VersionCore:
         }
         self.publisher.configure(config.get("telemetry") or {})
         artifact = config.get("artifact")
-        if artifact and artifact != self.loaded.get("artifact"):
+        # A weight_swap_jitter drill's new nonce reloads the same artifact (a hot reload).
+        reload_key = self.chaos.reload_key()
+        forced = reload_key is not None and reload_key != self._reload_key
+        if artifact and (artifact != self.loaded.get("artifact") or forced):
             async with self._load_lock:
-                await self._load(config)
+                await self._load(config, forced=reload_key if forced else None)
+        self._reload_key = reload_key
         if self.engine is not None:
             quotas = {t: v["quota_blocks"] for t, v in self.tenants.items() if v["quota_blocks"]}
+            probe = self.chaos.active().kv_pollution_probe
+            if probe is not None:
+                self._probe_identities.add(probe.identity)
+                quotas[probe.identity] = probe.quota_blocks
             shared = config.get("kv_mode") == "shared"
             self.engine.set_quotas(quotas, 0 if shared else None)
+        self._forget_departed_probes()
 
-    async def _load(self, config: dict[str, Any]) -> None:
-        """Load and validate the new weights beside the old ones, then swap atomically."""
+    def _forget_departed_probes(self) -> None:
+        """A probe identity whose fault is gone (reverted or expired) leaves nothing behind:
+        its cached blocks go back to the free list and its counters are dropped. In a tenant
+        quota pool only the owner recycles its cached blocks, so they would stay held for
+        good. Blocks its last requests still hold are given back on a later pass."""
+        if not self._probe_identities or self.engine is None:
+            return
+        probe = self.chaos.active().kv_pollution_probe
+        current = probe.identity if probe is not None else None
+        for identity in sorted(self._probe_identities - {current}):
+            if _forget_tenant(self.engine, identity):
+                self._probe_identities.discard(identity)
+
+    async def _load(self, config: dict[str, Any], forced: tuple[Any, ...] | None = None) -> None:
+        """Load and validate the new weights beside the old ones, then swap atomically.
+        `forced`: a drill's reload of the same artifact (weight_swap_jitter's reload key)."""
         started = time.time()
+        drill = {"drill": forced[0], "nonce": forced[2]} if forced else {}
         try:
             model, tokenizer = await asyncio.to_thread(self._build_model, config)
         except Exception as exc:
-            self.reloads.append(
-                {"artifact": config["artifact"], "ok": False, "error": str(exc), "at": started}
-            )
+            self.reloads.append({"artifact": config["artifact"], "ok": False, "error": str(exc),
+                                 "at": started, **drill})  # fmt: skip
+            if len(self.reloads) > 100:
+                del self.reloads[:-50]
             if self.engine is None:
                 raise  # nothing to fall back on: the replica cannot serve
             logger.error("hot reload of %s failed, old weights keep serving: %s",
@@ -184,9 +221,10 @@ class VersionCore:
             "fingerprint": model.fingerprint,
         }
         self.recorder.version = str(config.get("version", ""))
-        self.reloads.append(
-            {"artifact": config["artifact"], "ok": True, "at": started, "s": time.time() - started}
-        )
+        self.reloads.append({"artifact": config["artifact"], "ok": True, "at": started,
+                             "s": round(time.time() - started, 4), **drill})  # fmt: skip
+        if len(self.reloads) > 100:  # a drill reloads many times: keep the recent history
+            del self.reloads[:-50]
 
     def _build_model(self, config: dict[str, Any]) -> tuple[Any, Any]:
         import torch
@@ -217,6 +255,10 @@ class VersionCore:
         started = time.time()
         tenant = str(request["tenant"])
         salt = self.tenants.get(tenant, {}).get("salt")
+        if salt is None:  # a kv_pollution_probe drill's synthetic tenant, while it is in
+            salts = {t: v["salt"] for t, v in self.tenants.items()}
+            probe = self.chaos.probe_tenant(tenant, salts)
+            salt = probe[0] if probe is not None else None
         if salt is None:
             raise Refused(403, "tenant_not_allowed", "this tenant may not use this version")
         prompt_ids = self.tokenizer.encode(request["prompt"]).ids
@@ -405,9 +447,15 @@ class Router:
         # Serve's proxy assigns x-request-id and echoes it in the response itself.
         request_id = request.headers.get("x-request-id") or f"req-{secrets.token_hex(8)}"
         headers = {"traceparent": trace.header}
-        key_ok = key_matches(
-            bearer(request.headers.get("authorization")), self.config.get("key_hashes", [])
-        )
+        raw_key = bearer(request.headers.get("authorization"))
+        key_ok = key_matches(raw_key, self.config.get("key_hashes", []))
+        tenant = self.config.get("tenant")
+        probe_identity = None
+        if not key_ok and raw_key and self.local is not None:
+            # A kv_pollution_probe drill's key, accepted only while its fault is in force: the
+            # request runs as the drill's synthetic tenant on the in-process stable slot.
+            probe_identity = self.local.chaos.probe_identity(hash_key(raw_key))
+            key_ok, tenant = probe_identity is not None, probe_identity or tenant
         if path.rstrip("/") == "/v1/models" and request.method == "GET" and key_ok:
             return JSONResponse(self._models(), headers=headers)
         life = Lifecycle(request_id)
@@ -428,14 +476,15 @@ class Router:
             check_lengths(0, sampling["max_tokens"], self.guard)
             prompt = openai.prompt_of(kind, body)
             life.to(ROUTING)
-            group = self._route(request.headers.get("x-ab-group"))
+            requested = "stable" if probe_identity else request.headers.get("x-ab-group")
+            group = self._route(requested)
             breaker, handle = self._breaker(group), self.handles[group][1]
             life.group = group
             headers["x-ab-group"] = group
             headers["x-model-version"] = str(self.groups[group].get("version", ""))
             payload = {
                 "request_id": request_id,
-                "tenant": self.config.get("tenant"),
+                "tenant": tenant,
                 "prompt": prompt,
                 "sampling": sampling,
                 "guard": self.config.get("guard") or {},
@@ -569,6 +618,25 @@ async def _chain(first: dict[str, Any], rest: Any) -> AsyncIterator[dict[str, An
     yield first
     async for item in rest:
         yield item
+
+
+def _forget_tenant(engine: Any, tenant: str) -> bool:
+    """Give back every cached KV block of `tenant` (its quota set to 0, each allocation
+    recycles one of its own cached blocks, which is then released as free), then drop its
+    counters once it holds no block. True when nothing of it is left."""
+    # Under the engine thread's lock: the pool is only ever touched between two steps.
+    with engine._lock:
+        pool = engine.engine.pool
+        if tenant not in pool.stats:
+            return True
+        pool.quotas[tenant] = 0
+        while (block := pool.allocate(tenant)) is not None:
+            pool.release([block])
+        if pool.stats[tenant].blocks_used > 0:  # its last requests still run
+            return False
+        del pool.stats[tenant]
+        pool.quotas.pop(tenant, None)
+        return True
 
 
 def _unwrap_refused(exc: BaseException) -> Refused | None:

@@ -13,8 +13,18 @@ A group's faults (`faults.<stable|canary>` of a revision):
   on the CUDA device (host memory where there is none) and frees it when the fault goes;
 * `replica_crash`: selected replicas exit the process `after_s` after `issued_at`;
 * `replica_hang`: selected replicas fail Serve's health check, so Serve replaces them;
+* `kv_pollution_probe` (stable slot only, needs `expires_at`): a drill-only synthetic tenant
+  `identity` ("drill-probe:<run>") that the router accepts with the inference key whose
+  SHA-256 is `key_hash` while the fault is in force, with a cache salt the replica derives
+  from the slot's tenants' salts and the identity (never sent anywhere) and a block quota of
+  `quota_blocks`; its cached blocks are dropped when the fault goes (see VersionCore);
+* `weight_swap_jitter`: a `reload` nonce; each new value makes the replica hot-reload its
+  artifact even though it did not change (old weights serve until the new ones are ready);
 * `drill`, `issued_at`, `expires_at`: who set the faults and when; from `expires_at` on the
   replica ignores every fault of the group, so a drill ends even if nobody reverts it.
+
+Other drill faults need nothing in the data plane: `token_starvation` is traffic the drill
+sends, `control_plane_delay` a control-side key (serving.control.serve_api).
 
 A replica is selected for crash/hang when it started before `issued_at` (its replacement
 never is: no crash loop) and a hash of (drill, replica id) falls within `replica_share`.
@@ -24,10 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import logging
 import math
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -114,7 +126,20 @@ class _Choice:
         return str(value)
 
 
-_Field = _Num | _Choice
+@dataclass(frozen=True)
+class _Text:
+    pattern: str  # the whole value must match
+    hint: str
+    default: str | None = None
+
+    def check(self, value: Any, field: str) -> str:
+        if not isinstance(value, str) or re.fullmatch(self.pattern, value) is None:
+            raise FaultSpecError(field, f"must be {self.hint}.")
+        return value
+
+
+_Field = _Num | _Choice | _Text
+PROBE_IDENTITY = r"drill-probe:[0-9A-Za-z_-]{1,64}"
 
 FLAT_FAULTS: dict[str, _Num] = {
     "error_rate": _Num(0.0, 1.0),
@@ -134,12 +159,19 @@ NESTED_FAULTS: dict[str, dict[str, _Field]] = {
     "gpu_memory_leak": {
         "mb_per_s": _Num(0.0, 10_000.0, low_open=True),
         "max_mb": _Num(0.0, 1_000_000.0, default=4096.0, low_open=True),
+        "replica_share": _Num(0.0, 1.0, default=1.0),
     },
     "replica_crash": {
         "replica_share": _Num(0.0, 1.0, default=1.0),
         "after_s": _Num(0.0, 3600.0, default=0.0),
     },
     "replica_hang": {"replica_share": _Num(0.0, 1.0, default=1.0)},
+    "kv_pollution_probe": {
+        "identity": _Text(PROBE_IDENTITY, 'a synthetic tenant "drill-probe:<run>"'),
+        "key_hash": _Text(r"[0-9a-f]{64}", "the SHA-256 of the probe key, 64 hex digits"),
+        "quota_blocks": _Num(1, 1 << 22, default=16, integer=True),
+    },
+    "weight_swap_jitter": {"reload": _Num(1, 1_000_000, integer=True)},
 }
 META_KEYS = ("drill", "issued_at", "expires_at")
 FAULT_KEYS: tuple[str, ...] = (*FLAT_FAULTS, *NESTED_FAULTS, *META_KEYS)
@@ -206,6 +238,12 @@ def _cross_checks(clean: Mapping[str, Any], field: str) -> None:
                 f"{field}.issued_at", f"is required with {kind}: only replicas started before "
                 "it are affected, so their replacements are not.",
             )  # fmt: skip
+    # The synthetic identity (and the key the router takes for it) must end by itself.
+    if "kv_pollution_probe" in clean and expires is None:
+        raise FaultSpecError(
+            f"{field}.expires_at", "is required with kv_pollution_probe: the probe identity "
+            "and its key must end by themselves.",
+        )  # fmt: skip
 
 
 def validate_faults(raw: Any, field: str = "faults") -> dict[str, dict[str, Any]]:
@@ -214,7 +252,14 @@ def validate_faults(raw: Any, field: str = "faults") -> dict[str, dict[str, Any]
         return {}
     if not isinstance(raw, Mapping) or set(raw) - set(GROUPS):
         raise FaultSpecError(field, "faults are given per group: stable, canary.")
-    return {str(g): validate_group(v, f"{field}.{g}") for g, v in raw.items()}
+    clean = {str(g): validate_group(v, f"{field}.{g}") for g, v in raw.items()}
+    if "kv_pollution_probe" in clean.get("canary", {}):
+        # Only the router knows the probe key, and it serves the stable slot itself.
+        raise FaultSpecError(
+            f"{field}.canary.kv_pollution_probe", "only the stable slot can take it (the "
+            "router, which accepts the probe key, serves the stable slot in-process).",
+        )  # fmt: skip
+    return clean
 
 
 # The parsed plan -------------------------------------------------------------------------
@@ -248,6 +293,7 @@ class ErrorBurst:
 class MemoryLeakSpec:
     mb_per_s: float
     max_mb: float = 4096.0
+    replica_share: float = 1.0  # leaking replicas: hash of (drill, replica) below the share
 
 
 @dataclass(frozen=True)
@@ -259,6 +305,18 @@ class ReplicaCrash:
 @dataclass(frozen=True)
 class ReplicaHang:
     replica_share: float = 1.0
+
+
+@dataclass(frozen=True)
+class KvPollutionProbe:
+    identity: str
+    key_hash: str
+    quota_blocks: int = 16
+
+
+@dataclass(frozen=True)
+class WeightSwapJitter:
+    reload: int
 
 
 @dataclass(frozen=True)
@@ -275,6 +333,8 @@ class FaultPlan:
     gpu_memory_leak: MemoryLeakSpec | None = None
     replica_crash: ReplicaCrash | None = None
     replica_hang: ReplicaHang | None = None
+    kv_pollution_probe: KvPollutionProbe | None = None
+    weight_swap_jitter: WeightSwapJitter | None = None
 
     @classmethod
     def parse(cls, raw: Any) -> FaultPlan:
@@ -294,6 +354,8 @@ class FaultPlan:
             gpu_memory_leak=part(MemoryLeakSpec, "gpu_memory_leak"),
             replica_crash=part(ReplicaCrash, "replica_crash"),
             replica_hang=part(ReplicaHang, "replica_hang"),
+            kv_pollution_probe=part(KvPollutionProbe, "kv_pollution_probe"),
+            weight_swap_jitter=part(WeightSwapJitter, "weight_swap_jitter"),
         )
 
     def expired(self, now: float) -> bool:
@@ -310,6 +372,8 @@ class FaultPlan:
             "gpu_memory_leak": self.gpu_memory_leak is not None,
             "replica_crash": self.replica_crash is not None,
             "replica_hang": self.replica_hang is not None,
+            "kv_pollution_probe": self.kv_pollution_probe is not None,
+            "weight_swap_jitter": self.weight_swap_jitter is not None,
         }
         return [kind for kind, active in on.items() if active]
 
@@ -496,6 +560,34 @@ class FaultInjector:
         if failure is not None:
             raise failure
 
+    # The KV pollution probe's synthetic tenant.
+
+    def probe_identity(self, key_hash: str | None) -> str | None:
+        """The synthetic tenant of an active `kv_pollution_probe` whose key hashes to
+        `key_hash` (constant-time), or None: the key is refused outside the fault's TTL."""
+        probe = self.active().kv_pollution_probe
+        if probe is None or not key_hash:
+            return None
+        return probe.identity if hmac.compare_digest(key_hash, probe.key_hash) else None
+
+    def probe_tenant(self, tenant: str, salts: Mapping[str, bytes]) -> tuple[bytes, int] | None:
+        """(cache salt, block quota) of `tenant` when it is the active probe identity. The
+        salt is derived here from the slot's real tenants' salts and the identity: distinct
+        from each of them, unguessable, never stored or sent anywhere."""
+        probe = self.active().kv_pollution_probe
+        if probe is None or tenant != probe.identity or not salts:
+            return None
+        seed = b"".join(salts[t] for t in sorted(salts))
+        salt = hmac.new(seed, f"tenant:{probe.identity}".encode(), hashlib.sha256).digest()
+        return salt, probe.quota_blocks
+
+    def reload_key(self) -> tuple[str, float | None, int] | None:
+        """(drill, issued_at, nonce) of the `weight_swap_jitter` in force, None without one:
+        a replica reloads its weights whenever this changes to a new value."""
+        plan = self.active()
+        jitter = plan.weight_swap_jitter
+        return (plan.drill, plan.issued_at, jitter.reload) if jitter is not None else None
+
     # Serve's health check.
 
     def hung(self) -> bool:
@@ -515,6 +607,8 @@ class FaultInjector:
     def _sync_leak(self) -> None:
         plan = self.plan
         spec = None if plan.expired(self.clock()) else plan.gpu_memory_leak
+        if spec is not None and share_point(plan.drill, self.replica) >= spec.replica_share:
+            spec = None  # not one of the replicas the drill's blast radius picked
         key = None if spec is None else (plan.drill, plan.issued_at, plan.expires_at, spec)
         if key == self._leak_key:
             return

@@ -90,7 +90,7 @@ def test_a_full_spec_is_normalized_with_defaults() -> None:
         "error_burst": {"share": 0.3, "status": 503},
         "latency_spike": {"delay_ms": 200.0, "jitter_ms": 50.0, "distribution": "uniform",
                           "share": 1.0},
-        "gpu_memory_leak": {"mb_per_s": 50.0, "max_mb": 4096.0},
+        "gpu_memory_leak": {"mb_per_s": 50.0, "max_mb": 4096.0, "replica_share": 1.0},
         "replica_crash": {"replica_share": 1.0, "after_s": 5.0},
         "replica_hang": {"replica_share": 1.0},
     }  # fmt: skip
@@ -493,3 +493,231 @@ def test_the_router_answers_an_error_burst_with_its_status(tmp_path: Path) -> No
     assert (window.requests, window.errors, window.rejected) == (3, 2, 0)
     assert router._breaker("stable").snapshot()["failure_rate"] == pytest.approx(2 / 3, abs=1e-3)
     assert router.version_stats()["faults"]["active"] == []
+
+
+# The KV pollution probe and forced reloads ---------------------------------------------------
+
+PROBE_HASH = "c0" * 32
+
+
+@pytest.mark.parametrize(
+    ("faults", "field", "message"),
+    [
+        ({"stable": {"kv_pollution_probe": {"identity": "drill-probe:1", "key_hash": PROBE_HASH}}},
+         "faults.stable.expires_at", "required with kv_pollution_probe"),
+        ({"stable": {"expires_at": T0, "kv_pollution_probe": {"key_hash": PROBE_HASH}}},
+         "faults.stable.kv_pollution_probe.identity", "required"),
+        ({"stable": {"expires_at": T0, "kv_pollution_probe": {"identity": "7",
+                                                               "key_hash": PROBE_HASH}}},
+         "faults.stable.kv_pollution_probe.identity", "drill-probe:<run>"),
+        ({"stable": {"expires_at": T0, "kv_pollution_probe": {"identity": "drill-probe:1",
+                                                               "key_hash": "k"}}},
+         "faults.stable.kv_pollution_probe.key_hash", "64 hex digits"),
+        ({"stable": {"expires_at": T0, "kv_pollution_probe": {
+            "identity": "drill-probe:1", "key_hash": PROBE_HASH, "quota_blocks": 0}}},
+         "faults.stable.kv_pollution_probe.quota_blocks", "at least 1"),
+        ({"canary": {"expires_at": T0, "kv_pollution_probe": {"identity": "drill-probe:1",
+                                                               "key_hash": PROBE_HASH}}},
+         "faults.canary.kv_pollution_probe", "only the stable slot"),
+        ({"stable": {"weight_swap_jitter": {}}}, "faults.stable.weight_swap_jitter.reload",
+         "required"),
+        ({"stable": {"weight_swap_jitter": {"reload": 1.5}}},
+         "faults.stable.weight_swap_jitter.reload", "whole number"),
+        ({"stable": {"weight_swap_jitter": {"reload": 0}}},
+         "faults.stable.weight_swap_jitter.reload", "at least 1"),
+    ],
+)  # fmt: skip
+def test_a_bad_probe_or_reload_is_refused_naming_the_field(
+    faults: Any, field: str, message: str
+) -> None:
+    with pytest.raises(FaultSpecError) as exc:
+        validate_faults(faults)
+    assert exc.value.field == field
+    assert message in exc.value.message, exc.value.message
+
+
+def test_probe_and_reload_specs_are_normalized() -> None:
+    clean = validate_faults({"stable": {
+        "drill": "3", "issued_at": T0, "expires_at": T0 + 70,
+        "kv_pollution_probe": {"identity": "drill-probe:3", "key_hash": PROBE_HASH},
+        "weight_swap_jitter": {"reload": 2},
+    }})  # fmt: skip
+    assert clean["stable"]["kv_pollution_probe"] == {
+        "identity": "drill-probe:3", "key_hash": PROBE_HASH, "quota_blocks": 16,
+    }  # fmt: skip
+    assert clean["stable"]["weight_swap_jitter"] == {"reload": 2}
+    plan = FaultPlan.parse(clean["stable"])
+    assert plan.kinds == ["kv_pollution_probe", "weight_swap_jitter"]
+
+
+def test_the_probe_identity_exists_only_while_its_fault_is_in_force() -> None:
+    clock = Clock()
+    injector = _injector(clock)
+    salts = {"7": b"\x01" * 32}
+    assert injector.probe_identity(PROBE_HASH) is None
+    injector.configure({"drill": "3", "issued_at": T0, "expires_at": T0 + 30,
+                        "kv_pollution_probe": {"identity": "drill-probe:3",
+                                               "key_hash": PROBE_HASH, "quota_blocks": 4},
+                        "weight_swap_jitter": {"reload": 5}})  # fmt: skip
+    assert injector.probe_identity(PROBE_HASH) == "drill-probe:3"
+    assert injector.probe_identity("d0" * 32) is None and injector.probe_identity(None) is None
+    salt, quota = injector.probe_tenant("drill-probe:3", salts) or (b"", 0)
+    assert quota == 4 and len(salt) == 32 and salt != salts["7"]
+    # The same on every replica (derived, not random), and another tenant set gives another.
+    assert injector.probe_tenant("drill-probe:3", dict(salts)) == (salt, 4)
+    assert injector.probe_tenant("drill-probe:3", {"8": b"\x02" * 32}) != (salt, 4)
+    assert injector.probe_tenant("7", salts) is None  # a real tenant is not the probe
+    assert injector.reload_key() == ("3", T0, 5)
+    clock.now = T0 + 30  # the TTL: the key is refused, the identity has no salt any more
+    assert injector.probe_identity(PROBE_HASH) is None
+    assert injector.probe_tenant("drill-probe:3", salts) is None
+    assert injector.reload_key() is None
+
+
+class _LocalRouter:
+    """The real Router with its stable slot in-process (a VersionCore on a tiny checkpoint),
+    driven without Ray or HTTP: what Serve does is calling reconfigure() and __call__."""
+
+    KEY, PROBE_KEY = "k-tenant", "k-drill-probe"
+
+    def __init__(self, tmp_path: Path) -> None:
+        from serving.dataplane.app import Router
+        from serving.engine.testing import write_tiny_checkpoint
+
+        self.router = Router.func_or_class(
+            local={"app": "acme--chat", "engine": {"num_blocks": 64}}
+        )
+        artifact = str(write_tiny_checkpoint(tmp_path / "tiny"))
+        self.local = {"version": "v1", "artifact": artifact, "fingerprint": "fp-1",
+                      "tenants": {"7": {"salt": "ab" * 32}}}  # fmt: skip
+
+    async def configure(self, faults: dict[str, Any]) -> None:
+        from serving.dataplane.keys import hash_key
+
+        await self.router.reconfigure({
+            "tenant": "7", "deployment": "chat", "key_hashes": [hash_key(self.KEY)],
+            "groups": {"stable": {"app": "acme--chat", "version": "v1", "local": True}},
+            "local": {**self.local, "faults": faults},
+        })  # fmt: skip
+
+    async def post(self, prompt: str, key: str) -> int:
+        from starlette.requests import Request
+
+        async def receive() -> dict[str, Any]:
+            body = json.dumps({"prompt": prompt, "max_tokens": 1}).encode()
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "root_path": "",
+                 "headers": [(b"authorization", f"Bearer {key}".encode())],
+                 "query_string": b""}  # fmt: skip
+        response = await self.router(Request(scope, receive))
+        return int(response.status_code)
+
+    def tenants(self) -> dict[str, Any]:
+        return dict(self.router.local._kv_stats()["tenants"])
+
+    def close(self) -> None:
+        self.router.local.chaos.close()
+        self.router.local.engine.stop()
+
+
+def test_the_probe_identity_replays_through_the_router_and_finds_nothing(
+    tmp_path: Path,
+) -> None:
+    """Its key runs the request as the synthetic tenant with its own salt: the tenant's
+    repeat hits the cache, the identity's replay of the very same prompt finds nothing. Once
+    the fault goes, the key is refused and the identity's cached blocks are given back."""
+    from serving.dataplane.keys import hash_key
+
+    local = _LocalRouter(tmp_path)
+    now = time.time()
+    probe = {"drill": "3", "issued_at": now, "expires_at": now + 60,
+             "kv_pollution_probe": {"identity": "drill-probe:3",
+                                    "key_hash": hash_key(local.PROBE_KEY),
+                                    "quota_blocks": 8}}  # fmt: skip
+    prompt = "a fresh prompt that spans more than one block of sixteen tokens, " * 2
+
+    async def scenario() -> None:
+        await local.configure({})
+        assert await local.post(prompt, local.PROBE_KEY) == 401  # no fault: an unknown key
+        await local.configure(probe)
+        assert await local.post(prompt, local.KEY) == 200
+        assert await local.post(prompt, local.KEY) == 200  # a repeat: hits its own blocks
+        assert await local.post(prompt, local.PROBE_KEY) == 200  # the replay
+        tenants = local.tenants()
+        assert tenants["7"]["prefix_hits"] >= 16, tenants
+        replay = tenants["drill-probe:3"]
+        assert replay["prefix_queries"] > 0 and replay["prefix_hits"] == 0, replay
+        assert replay["quota"] == 8 and replay["blocks_used"] > 0  # its blocks, cached
+        cached = local.router.local._kv_stats()["cached_blocks"]
+        await local.configure({})  # the revert
+        assert await local.post(prompt, local.PROBE_KEY) == 401
+        stats = local.router.local._kv_stats()
+        assert "drill-probe:3" not in stats["tenants"]  # nothing of it is left behind
+        # Its cached blocks went back to the free list; the tenant's stay cached.
+        assert stats["cached_blocks"] == cached - replay["blocks_used"]
+        assert stats["tenants"]["7"]["blocks_used"] == tenants["7"]["blocks_used"]
+        assert local.router.local.engine.engine.pool.quotas == {}
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        local.close()
+
+
+def test_an_expired_probe_is_forgotten_by_the_replica_without_a_reconfigure(
+    tmp_path: Path,
+) -> None:
+    from serving.dataplane.keys import hash_key
+
+    local = _LocalRouter(tmp_path)
+    now = time.time()
+    probe = {"drill": "4", "issued_at": now, "expires_at": now + 60,
+             "kv_pollution_probe": {"identity": "drill-probe:4",
+                                    "key_hash": hash_key(local.PROBE_KEY)}}  # fmt: skip
+
+    async def scenario() -> None:
+        await local.configure(probe)
+        assert await local.post("x " * 40, local.PROBE_KEY) == 200
+        assert "drill-probe:4" in local.tenants()
+        local.router.local.chaos.clock = lambda: now + 60  # the TTL has passed
+        assert await local.post("x " * 40, local.PROBE_KEY) == 401
+        local.router.local._published()  # the once-a-second publish tidies up
+        assert "drill-probe:4" not in local.tenants()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        local.close()
+
+
+def test_a_new_reload_nonce_hot_reloads_the_same_weights(tmp_path: Path) -> None:
+    local = _LocalRouter(tmp_path)
+    core_of = lambda: local.router.local  # noqa: E731
+
+    def jitter(nonce: int, drill: str = "5", issued: float = T0) -> dict[str, Any]:
+        return {"drill": drill, "issued_at": issued, "weight_swap_jitter": {"reload": nonce}}
+
+    async def scenario() -> None:
+        await local.configure({})
+        assert len(core_of().reloads) == 1  # the first load
+        model = core_of().engine.engine.model
+        await local.configure(jitter(1))
+        await local.configure(jitter(1))  # the same nonce again (another change): no reload
+        await local.configure(jitter(2))
+        assert await local.post("still serving", local.KEY) == 200
+        await local.configure({})  # the revert reloads nothing
+        await local.configure(jitter(1, drill="6", issued=T0 + 100))  # the next run's first
+        reloads = core_of().reloads
+        assert [(r.get("drill"), r.get("nonce"), r["ok"]) for r in reloads] == [
+            (None, None, True), ("5", 1, True), ("5", 2, True), ("6", 1, True),
+        ]  # fmt: skip
+        assert core_of().engine.engine.model is not model  # swapped, same fingerprint
+        assert core_of().loaded["fingerprint"] == "fp-1"
+        published = core_of()._kv_stats()["fault_reload"]
+        assert published["drill"] == "6" and published["nonce"] == 1 and published["ok"]
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        local.close()

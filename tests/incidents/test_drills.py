@@ -232,3 +232,21 @@ def test_runs_nobody_stepped_are_resumed(world_a: TenantWorld) -> None:
     assert drills.runs_to_resume(later) == [run.pk]
     DrillRun.objects.filter(pk=run.pk).update(status=DrillStatus.PASSED)
     assert drills.runs_to_resume(later) == []
+
+
+@pytest.mark.parametrize("fault", ["gpu_memory_leak", "replica_crash", "replica_hang"])
+def test_replica_faults_go_in_with_their_blast_radius(world_a: TenantWorld, fault: str) -> None:
+    """Every replica fault's entry passes the data plane's validation (bench/drills.py found
+    gpu_memory_leak refused for its replica_share)."""
+    deployment = _ready(world_a)
+    drill = _drill(world_a, deployment, name=f"{fault} drill", fault=fault, group="stable",
+                   replica_share=0.5, steady_state={"contract": False, "probes": [
+                       {"sli": "error_rate", "max": 1}]})  # fmt: skip
+    run = drills.run_start(tenant=world_a.tenant, actor=Actor(user=world_a.owner), drill=drill)
+    now = time.time()
+    for step in range(3):
+        drills.run_advance(run.pk, now + step)
+    run.refresh_from_db()
+    assert run.status == DrillStatus.OBSERVING, run.verdict
+    deployment.refresh_from_db()
+    assert deployment.current_revision.faults["stable"][fault]["replica_share"] == 0.5

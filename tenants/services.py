@@ -59,6 +59,7 @@ PLAN_QUOTAS: dict[str, dict[str, int]] = {
 QUOTA_FIELDS = tuple(PLAN_QUOTAS[Plan.FREE])
 TOKEN_PREFIX = "aop_"  # noqa: S105 (a public marker, not a secret)
 INVITATION_PREFIX = "inv_"
+TOKEN_RATE_LIMIT_MAX = 2**31 - 1  # what the column (PositiveIntegerField) holds
 
 
 def hash_secret(raw: str) -> str:
@@ -405,8 +406,11 @@ def api_token_create(
             f"Expiry must be between 1 and {settings.API_TOKEN_MAX_DAYS} days.",
             field="expires_in_days",
         )
-    if rate_limit_per_second is not None and rate_limit_per_second < 1:
-        raise ValidationFailed("Rate limit must be at least 1.", field="rate_limit_per_second")
+    if rate_limit_per_second is not None and not 1 <= rate_limit_per_second <= TOKEN_RATE_LIMIT_MAX:
+        raise ValidationFailed(
+            f"Rate limit must be between 1 and {TOKEN_RATE_LIMIT_MAX}.",
+            field="rate_limit_per_second",
+        )
     secret = secrets.token_urlsafe(32)
     raw = TOKEN_PREFIX + secret
     now = timezone.now()

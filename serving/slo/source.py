@@ -43,7 +43,11 @@ def compose(text: str, *, many: bool = False) -> list[tuple[yaml.Node, Any]]:
     size = len(text.encode("utf-8"))
     if size > MAX_BYTES:
         raise _fail(None, f"the document is {size} bytes; the limit is {MAX_BYTES} (64 KiB)")
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)
+    except yaml.reader.ReaderError as exc:  # the reader refuses control characters up front
+        where = text.count("\n", 0, exc.position) + 1
+        raise _fail(where, f"invalid YAML: character #x{exc.character:04x}: {exc.reason}") from exc
     try:
         nodes: list[yaml.Node] = []
         if many:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from django.core.validators import slug_re
 from django.db.models import Model, QuerySet
 from rest_framework import exceptions, generics, viewsets
 from rest_framework.request import Request
@@ -64,7 +65,8 @@ def resolve_context(request: Request, tenant: Tenant | None = None) -> TenantCon
         if membership is None:
             raise exceptions.NotFound()
     elif slug := request.META.get(TENANT_HEADER):
-        membership = memberships.filter(tenant__slug=slug).first()
+        # Only a well-formed slug reaches the database (a NUL byte would be a DataError there).
+        membership = memberships.filter(tenant__slug=slug).first() if slug_re.match(slug) else None
         if membership is None:
             raise exceptions.NotFound("The X-Tenant header names no tenant of yours.")
     else:

@@ -2,9 +2,32 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
+
 import django_filters
+from django.core.exceptions import ValidationError
+from django_filters.fields import IsoDateTimeField
 
 from tenants.models import ApiToken, AuditEvent, Invitation, Membership
+
+
+class UtcIsoDateTimeField(IsoDateTimeField):
+    def to_python(self, value: Any) -> datetime | None:
+        parsed = super().to_python(value)
+        if parsed is None:
+            return None
+        try:
+            return parsed.astimezone(UTC)
+        except OverflowError:  # 0001-01-01T00:00+01:00 is in year 0 in UTC
+            raise ValidationError(self.error_messages["invalid"], code="invalid") from None
+
+
+class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
+    """ISO 8601, taken to UTC before the query: Python accepts offsets up to 24 hours,
+    PostgreSQL only up to 15:59, and refused `-22:55` with a DataError (a 500)."""
+
+    field_class = UtcIsoDateTimeField
 
 
 class MembershipFilter(django_filters.FilterSet):
@@ -54,8 +77,8 @@ class AuditEventFilter(django_filters.FilterSet):
     action = django_filters.CharFilter()
     action_prefix = django_filters.CharFilter(field_name="action", lookup_expr="startswith")
     actor = django_filters.CharFilter(field_name="actor_label", lookup_expr="icontains")
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = AuditEvent

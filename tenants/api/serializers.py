@@ -6,6 +6,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Quota, Role, Scope, Tenant
+from tenants.services import TOKEN_RATE_LIMIT_MAX
 
 
 class TenantSerializer(serializers.ModelSerializer):
@@ -89,7 +90,9 @@ class ApiTokenCreateSerializer(serializers.Serializer):
     expires_in_days = serializers.IntegerField(
         min_value=1, max_value=settings.API_TOKEN_MAX_DAYS, required=False
     )
-    rate_limit_per_second = serializers.IntegerField(min_value=1, required=False)
+    rate_limit_per_second = serializers.IntegerField(
+        min_value=1, max_value=TOKEN_RATE_LIMIT_MAX, required=False
+    )
 
 
 class ApiTokenCreatedSerializer(ApiTokenSerializer):

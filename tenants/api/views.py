@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import login
+from django.core.validators import slug_re
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, mixins, status
 from rest_framework.decorators import action
@@ -43,7 +44,9 @@ class TenantViewSet(
         return selectors.tenant_list_for_user(user=self.request.user)
 
     def get_object(self) -> Tenant:
-        tenant = self.get_queryset().filter(slug=self.kwargs["slug"]).first()
+        slug = self.kwargs["slug"]
+        # Not a slug (a NUL byte would even be a DataError in PostgreSQL): no tenant has it.
+        tenant = self.get_queryset().filter(slug=slug).first() if slug_re.match(slug) else None
         if tenant is None:
             raise exceptions.NotFound()
         self.ctx = resolve_context(self.request, tenant=tenant)

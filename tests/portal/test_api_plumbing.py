@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from django.urls import reverse
 from rest_framework.test import APIClient
@@ -58,6 +60,24 @@ def test_audit_events_paginate_by_cursor_with_a_constant_query_count(
     assert pages == -(-total // 50)
 
 
+@pytest.mark.parametrize("position", ["%00", "abc", "1.5"])
+def test_a_forged_cursor_is_a_404_not_a_500(world_a: TenantWorld, position: str) -> None:
+    """Found while fuzzing the API: DRF checks a cursor's offset, not its position, which went
+    into `id < position` and raised ValueError for anything but a number."""
+    client = world_a.client("token")
+    cursor = base64.b64encode(f"p={position}".encode()).decode()
+    for name in ("audit-event-list", "token-list", "model-list"):
+        response = client.get(reverse(name), {"cursor": cursor})
+        assert response.status_code == 404, (name, response.status_code)
+        assert response.json()["error"] == {
+            "code": "not_found",
+            "message": "Invalid cursor",
+            "fields": {},
+        }
+    issued = base64.b64encode(b"p=999999999").decode()
+    assert client.get(reverse("audit-event-list"), {"cursor": issued}).status_code == 200
+
+
 def test_audit_filters(world_a: TenantWorld) -> None:
     client = world_a.client("token")
     body = client.get(reverse("audit-event-list"), {"action": "api_token.created"}).json()
@@ -67,6 +87,24 @@ def test_audit_filters(world_a: TenantWorld) -> None:
     bad = client.get(reverse("audit-event-list"), {"created_after": "yesterday"})
     assert bad.status_code == 400
     assert "created_after" in bad.json()["error"]["fields"]
+
+
+def test_audit_time_filters_take_any_iso_offset(world_a: TenantWorld) -> None:
+    """Found by the schema fuzzer: offsets beyond PostgreSQL's 15:59 were a DataError (500);
+    they are converted to UTC now, and a time outside UTC's calendar is a 400."""
+    client = world_a.client("token")
+    url = reverse("audit-event-list")
+    everything = client.get(url, {"created_after": "1077-01-17T12:08:57.57-22:55"})
+    assert everything.status_code == 200 and everything.json()["results"]
+    nothing = client.get(url, {"created_before": "1077-01-17T12:08:57.57+23:59"})
+    assert nothing.status_code == 200 and nothing.json()["results"] == []
+    for name, value in (
+        ("created_after", "0001-01-01T00:00:00+14:00"),
+        ("created_before", "9999-12-31T23:59:59-01:00"),
+    ):
+        response = client.get(url, {name: value})
+        assert response.status_code == 400
+        assert list(response.json()["error"]["fields"]) == [name]
 
 
 def test_members_filter_and_query_budget(

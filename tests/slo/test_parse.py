@@ -10,6 +10,7 @@ import pytest
 from serving.slo.errors import ContractError, FieldError
 from serving.slo.model import DEFAULT_ALERTS, AlertRule, Contract, format_duration, parse_duration
 from serving.slo.parse import parse_contract, schema, validate_document
+from serving.slo.source import compose
 from tests.slo.contracts import FULL, MINIMAL
 
 
@@ -157,6 +158,17 @@ def test_alias_bomb_is_refused() -> None:
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8)]
     (error,) = errors_of("\n".join(lines) + "\n")
     assert "too large or too deeply nested" in error.message
+
+
+@pytest.mark.parametrize("many", [False, True])  # a contract; an OpenSLO import
+def test_control_characters_are_a_contract_error(many: bool) -> None:
+    """Found by the schema fuzzer: YAML's reader refuses them before parsing starts, and that
+    ReaderError escaped as a 500 from PUT .../contract/ and POST .../contract/openslo/."""
+    with pytest.raises(ContractError) as caught:
+        compose("apiVersion: v1\nkind: \x11", many=many)
+    (error,) = caught.value.errors
+    assert error.line == 2
+    assert error.message == "invalid YAML: character #x0011: special characters are not allowed"
 
 
 def test_schema_is_valid_and_closed() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from django.db import models
@@ -168,6 +169,27 @@ def test_foreign_and_missing_objects_give_the_same_404(
     missing = client.get(reverse("token-detail", kwargs={"pk": 999_999_999}))
     assert foreign.status_code == missing.status_code == 404
     assert foreign.json() == missing.json()
+
+
+@pytest.mark.parametrize("slug", ["ac%00me", "acme%0A", "%C3%A9cme"])
+def test_a_slug_no_tenant_can_have_gives_the_same_404(world_a: TenantWorld, slug: str) -> None:
+    """Found while fuzzing the API: a NUL byte in the slug (URL, or X-Tenant header of a
+    session) reached PostgreSQL and was a 500."""
+    client = world_a.client("token")
+    missing = client.get("/api/v1/tenants/no-such-tenant/")
+    for response in (
+        client.get(f"/api/v1/tenants/{slug}/"),
+        client.patch(f"/api/v1/tenants/{slug}/", {"name": "x"}, format="json"),
+    ):
+        assert response.status_code == missing.status_code == 404
+        assert response.json() == missing.json()
+    session = world_a.client("owner")
+    session.credentials(HTTP_X_TENANT=unquote(slug))
+    unknown = world_a.client("owner")
+    unknown.credentials(HTTP_X_TENANT="no-such-tenant")
+    response, expected = session.get("/api/v1/members/"), unknown.get("/api/v1/members/")
+    assert response.status_code == expected.status_code == 404
+    assert response.json() == expected.json()
 
 
 def test_b_cannot_accept_or_guess_a_invitation(world_a: TenantWorld, world_b: TenantWorld) -> None:

@@ -9,7 +9,9 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from portal.exceptions import ValidationFailed
 from tenants import services
+from tenants.actors import Actor
 from tenants.models import ApiToken
 from tests.conftest import TenantWorld
 
@@ -42,6 +44,30 @@ def test_created_token_is_shown_once_and_works(world_a: TenantWorld) -> None:
     assert _bearer(raw).get(reverse("member-list")).status_code == 200
     token.refresh_from_db()
     assert token.last_used_at is not None
+
+
+def test_a_rate_limit_beyond_the_column_is_a_400_not_a_500(world_a: TenantWorld) -> None:
+    """Found while fuzzing the API: 2**31 reached PostgreSQL ("integer out of range")."""
+    client = world_a.client("token")
+    for too_big in (services.TOKEN_RATE_LIMIT_MAX + 1, 10**20):
+        response = client.post(
+            reverse("token-list"),
+            {"name": "fast", "scopes": ["read"], "rate_limit_per_second": too_big},
+            format="json",
+        )
+        assert response.status_code == 400
+        assert list(response.json()["error"]["fields"]) == ["rate_limit_per_second"]
+    with pytest.raises(ValidationFailed):
+        services.api_token_create(
+            tenant=world_a.tenant, actor=Actor(user=world_a.owner), name="fast",
+            scopes=["read"], rate_limit_per_second=services.TOKEN_RATE_LIMIT_MAX + 1,
+        )  # fmt: skip
+    token, _ = services.api_token_create(
+        tenant=world_a.tenant, actor=Actor(user=world_a.owner), name="fastest",
+        scopes=["read"], rate_limit_per_second=services.TOKEN_RATE_LIMIT_MAX,
+    )  # fmt: skip
+    assert token.rate_limit_per_second == services.TOKEN_RATE_LIMIT_MAX
+    assert not ApiToken.objects.filter(tenant=world_a.tenant, name="fast").exists()
 
 
 @pytest.mark.parametrize(

@@ -252,7 +252,14 @@ def _breach_record_once(
         if breach is not None:
             breach.occurrences = F("occurrences") + 1
             breach.last_seen_at = max(breach.last_seen_at, detected_at)
-            breach.save(update_fields=["occurrences", "last_seen_at"])
+            updated = ["occurrences", "last_seen_at"]
+            if SEVERITY_RANK[fields["severity"]] > SEVERITY_RANK[breach.severity]:
+                # The same objective, worse now (a ticket burn that became a page burn, probe
+                # failures piling up): the breach and its incident rise with it.
+                breach.severity, breach.detail = fields["severity"], fields["detail"]
+                updated += ["severity", "detail"]
+                _escalate(tenant, open_incident, fields, detected_at)
+            breach.save(update_fields=updated)
             breach.refresh_from_db(fields=["occurrences"])
             return breach, open_incident, False
         # Another objective of the same slot (or an incident opened without a breach): the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -26,3 +27,7 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+# Everything imported so far lives as long as the process: out of the collector's sight, a full
+# collection no longer walks it (85-165 ms pauses in the GPU fan-out at 500 browsers before).
+gc.freeze()

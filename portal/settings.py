@@ -157,9 +157,10 @@ if REDIS_URL:
             "KEY_PREFIX": env_str("CACHE_KEY_PREFIX", "portal"),
         }
     }
-    # CHANNEL_LAYER=pubsub picks channels_redis' RedisPubSubChannelLayer (bench/ws_fanout.py
-    # compares the two); the default is the list-based RedisChannelLayer.
-    _pubsub = env_str("CHANNEL_LAYER", "core") == "pubsub"
+    # CHANNEL_LAYER=pubsub (default) is channels_redis' RedisPubSubChannelLayer: faster fan-out
+    # (bench/ws_fanout.py) and it re-subscribes by itself when Redis comes back (the stream
+    # resumes in ~1 s; `core`, the list-based RedisChannelLayer, took 5.5 s and loses the groups).
+    _pubsub = env_str("CHANNEL_LAYER", "pubsub") == "pubsub"
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer"
@@ -345,6 +346,8 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # --- The ops loop -------------------------------------------------------------------------
 HEALTH_PROBES = env_bool("HEALTH_PROBES", True)  # synthetic probes through the Serve proxy
 HEALTH_PROBE_TIMEOUT_S = env_float("HEALTH_PROBE_TIMEOUT_S", 5.0)
+# Failed probes in a row before the stable slot fires a `probe` alert (0: never).
+HEALTH_PROBE_ALERT_AFTER = env_int("HEALTH_PROBE_ALERT_AFTER", 1)
 # A revision serving without canary and without breach this long becomes the "last good" one.
 HEALTH_GOOD_AFTER_S = env_float("HEALTH_GOOD_AFTER_S", 60.0)
 # A rollback left pending/switching this long (its worker died) is enqueued again.

@@ -542,9 +542,12 @@ class GpuAgent:
         """Sample, attribute, publish, downsample; returns the node snapshot."""
         if self.provider is None or self.downsampler is None:
             raise RuntimeError("open() the agent first")
+        given = now
         now = time.time() if now is None else now
         if now - self._processes_at >= self.config.process_interval_s:
             await self._refresh(now)
+            # The refresh (ORM reads, NVML's process list) takes time: stamp the devices' read.
+            now = time.time() if given is None else now
         devices: list[DeviceSample] = await asyncio.to_thread(self.provider.devices)
         snapshot: dict[str, Any] = {
             "at": round(now, 3),

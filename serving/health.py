@@ -35,7 +35,7 @@ from serving.sli_store import (
     replica_delta,
     sample_row,
 )
-from serving.slo.evaluate import Counts, Evaluation, evaluate
+from serving.slo.evaluate import Counts, Evaluation, Firing, evaluate
 from serving.slo.model import Contract
 
 logger = logging.getLogger(__name__)
@@ -383,13 +383,13 @@ def _tick(
         )
 
     _evaluate(now, targets, results, features)
+    streaks = _probe_streaks(due, probes, info, results)
     detected = time.time()  # a breach is known from here on (the tick's reads took time)
     new_infos: dict[str, str] = {}
     for target in due:
         dep = target.deployment
         ok, ms, status = probes.get(dep.pk, (None, None, None))
-        failures = int(info[dep.pk].get("probe_failures", 0))
-        failures = 0 if ok else failures + (1 if ok is False else 0)
+        failures = streaks[dep.pk]
         new_infos[str(dep.pk)] = json.dumps({
             "checked_at": now,
             "contract_version": target.contract_version,
@@ -443,6 +443,38 @@ def _tick(
         "firing": sum(len(a) for a in firing.values()),
         "actions": actions,
     }
+
+
+def _probe_streaks(
+    due: list[Target],
+    probes: Mapping[int, Any],
+    info: Mapping[int, dict[str, Any]],
+    results: dict[Slot, SlotResult],
+) -> dict[int, int]:
+    """Failed probes in a row per deployment. From HEALTH_PROBE_ALERT_AFTER in a row the stable
+    slot fires a `probe` alert (notify; a page from three times that): the contract's SLIs come
+    from the replicas, and they never see the requests the proxy holds while Serve replaces a
+    crashed or hung replica; the probe, timed from outside, does (issue 6: replica_crash)."""
+    after = int(settings.HEALTH_PROBE_ALERT_AFTER)
+    streaks: dict[int, int] = {}
+    for target in due:
+        dep = target.deployment
+        ok, ms, status = probes.get(dep.pk, (None, None, None))
+        failures = int(info[dep.pk].get("probe_failures", 0))
+        failures = 0 if ok else failures + (1 if ok is False else 0)
+        streaks[dep.pk] = failures
+        result = results.get((dep.pk, "stable"))
+        if ok is not False or not after or failures < after or result is None:
+            continue
+        if result.evaluation is None:  # no contract: nobody asked for incidents
+            continue
+        answer = f"HTTP {status}" if status else f"no answer within {ms / 1000:.1f} s"
+        result.evaluation.firing.append(Firing(
+            "probe", "health-probe", "page" if failures >= 3 * after else "ticket", "notify",
+            f"the health probe failed {failures} time{'s' if failures > 1 else ''} in a row "
+            f"({answer})", value=float(failures),
+        ))  # fmt: skip
+    return streaks
 
 
 def _evaluate(

@@ -105,7 +105,7 @@ def test_a_member_receives_incident_updated_after_a_note(world_a: TenantWorld) -
         await comm.disconnect()
         return message
 
-    assert type(get_channel_layer()).__name__ == "RedisChannelLayer"  # the real one
+    assert type(get_channel_layer()).__name__ == "RedisPubSubChannelLayer"  # the real one
     message = async_to_sync(scenario)()
     assert message == {
         "type": "incident.updated",

@@ -3,12 +3,13 @@ append-only timeline, rollback links, and the live event sent on commit."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
 from django.core.exceptions import ValidationError
@@ -280,20 +281,30 @@ def test_the_live_pages_hear_of_it_after_commit(
     world_a: TenantWorld, django_capture_on_commit_callbacks: Any
 ) -> None:
     layer = get_channel_layer()
-    channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(notify.group_name(world_a.tenant.pk), channel)
-    try:
+    group = notify.group_name(world_a.tenant.pk)
+
+    def open_breach() -> Incident:
         with django_capture_on_commit_callbacks(execute=True):
-            _, incident, _ = breach(world_a)
-        message = async_to_sync(layer.receive)(channel)
-        assert message == {
-            "type": "incident.updated",
-            "incident": incident.pk,
-            "status": "triggered",
-            "event": "breach",
-        }
-    finally:
-        async_to_sync(layer.group_discard)(notify.group_name(world_a.tenant.pk), channel)
+            return breach(world_a)[1]
+
+    async def scenario() -> tuple[Incident, dict[str, Any]]:
+        # One event loop for the listener (the pub/sub layer's channels belong to the loop that
+        # made them); the breach runs back on this thread, in the test's transaction.
+        channel = await layer.new_channel()
+        await layer.group_add(group, channel)
+        try:
+            incident = await sync_to_async(open_breach)()
+            return incident, await asyncio.wait_for(layer.receive(channel), 5)
+        finally:
+            await layer.group_discard(group, channel)
+
+    incident, message = async_to_sync(scenario)()
+    assert message == {
+        "type": "incident.updated",
+        "incident": incident.pk,
+        "status": "triggered",
+        "event": "breach",
+    }
 
 
 def test_a_channel_layer_that_is_down_never_fails_the_write(

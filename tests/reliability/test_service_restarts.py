@@ -309,6 +309,7 @@ def test_redis_then_postgres_restart_under_load(services: OwnServices, tmp_path:
         back = time.monotonic()
         time.sleep(RESUME_S + 1)
         resumed = stream.first_after(back)
+        print(f"GPU stream resumed {resumed} s after Redis came back")
         assert resumed is not None and resumed <= RESUME_S, resumed
 
         services.stop_postgres()
@@ -317,6 +318,7 @@ def test_redis_then_postgres_restart_under_load(services: OwnServices, tmp_path:
         back = time.monotonic()
         time.sleep(RESUME_S + 1)
         resumed = stream.first_after(back)
+        print(f"GPU stream resumed {resumed} s after PostgreSQL came back")
         assert resumed is not None and resumed <= RESUME_S, resumed
         assert _get(f"{portal.base}/healthz")[0] == 200
         status, _, page = _get(f"{portal.base}/t/{slug}/incidents/", opener)

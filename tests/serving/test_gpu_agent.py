@@ -90,10 +90,18 @@ def test_nvml_processes_are_attributed_to_the_replicas_that_published_their_pid(
     assert {p["pid"] for p in node_view["processes"]} == {4101, 4202, 9999}
 
 
-def test_samples_reach_the_tenant_group_through_the_redis_layer(world_a: TenantWorld) -> None:
+@pytest.mark.parametrize("kind", ["pubsub", "core"])
+def test_samples_reach_the_tenant_group_through_the_redis_layer(
+    world_a: TenantWorld, kind: str
+) -> None:
+    """Both layers CHANNEL_LAYER picks: pubsub (the default, what settings build) and core."""
     deployment = _ready(world_a)
     layer = get_channel_layer()
-    assert type(layer).__name__ == "RedisChannelLayer"
+    assert type(layer).__name__ == "RedisPubSubChannelLayer"
+    if kind == "core":
+        from channels_redis.core import RedisChannelLayer
+
+        layer = RedisChannelLayer(hosts=[settings.REDIS_URL], prefix="portal-test-core")
     provider = SimulatedProvider(devices=2, seed=7)
 
     async def scenario() -> list[dict[str, Any]]:

@@ -172,3 +172,64 @@ def test_a_reconnect_resumes_from_the_last_sample(world_a: TenantWorld) -> None:
     assert [s["at"] for s in after[:4]] == missed_at  # the gap, in order
     seqs = [seq_key(s["seq"]) for s in before + after]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)  # no duplicates
+
+
+def test_two_nodes_samples_arriving_out_of_order_both_reach_the_browser(
+    world_a: TenantWorld,
+) -> None:
+    """Two nodes' agents append to one tenant log, then group_send: their deliveries can swap.
+    The older seq of the other node still goes out; a repeat of a node's own seq does not."""
+    comm = gpu_socket(f"tenant={world_a.tenant.slug}", world_a.owner)
+    group = f"tenant-{world_a.tenant.pk}.gpu"
+
+    def event(node: str, seq: str) -> dict[str, Any]:
+        data = json.dumps({"at": 1.0, "node": node, "devices": [], "processes": []})
+        return {"type": "gpu.sample", "seq": seq, "node": node, "data": data}
+
+    async def scenario() -> list[tuple[str, str]]:
+        assert (await comm.connect(timeout=5))[0]
+        layer = get_channel_layer()
+        got = []
+        for node, seq in [("node-b", "1000-1"), ("node-a", "1000-0"), ("node-a", "1000-0"),
+                          ("node-b", "999-0"), ("node-a", "1001-0")]:  # fmt: skip
+            await layer.group_send(group, event(node, seq))
+            if not await comm.receive_nothing(timeout=0.3):
+                message = await comm.receive_json_from()
+                got.append((message["node"], message["seq"]))
+        await comm.disconnect()
+        return got
+
+    assert async_to_sync(scenario)() == [
+        ("node-b", "1000-1"), ("node-a", "1000-0"), ("node-a", "1001-0"),
+    ]  # fmt: skip
+
+
+def test_a_failed_group_discard_still_stops_the_writer(
+    world_a: TenantWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis away while sockets close (or too many connections): leaving the group fails, and
+    the writer task must not be left behind."""
+    layer = get_channel_layer()
+    seen: list[GpuConsumer] = []
+    original_connect = GpuConsumer.connect
+
+    async def connect(self: GpuConsumer) -> None:
+        seen.append(self)
+        await original_connect(self)
+
+    async def refuse(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("Redis is away")
+
+    monkeypatch.setattr(GpuConsumer, "connect", connect)
+    comm = gpu_socket(f"tenant={world_a.tenant.slug}", world_a.owner)
+
+    async def scenario() -> bool:
+        assert (await comm.connect(timeout=5))[0]
+        monkeypatch.setattr(layer, "group_discard", refuse)
+        await comm.disconnect()
+        await asyncio.sleep(0.1)
+        sender = seen[0].sender
+        assert sender is not None
+        return sender.cancelled() or sender.done()
+
+    assert async_to_sync(scenario)()

@@ -195,3 +195,61 @@ def test_a_proxy_that_does_not_answer_is_a_failed_probe(world_a: TenantWorld) ->
     health.tick(now=time.time(), act=False, serve_url=f"http://127.0.0.1:{port}")
     probe = health.deployment_health(deployment.pk)["probe"]
     assert probe["ok"] is False and probe["status"] is None
+
+
+def test_failed_probes_on_stable_open_an_incident_and_escalate_to_a_page(
+    world_a: TenantWorld, serve_proxy: str, settings: Any
+) -> None:
+    """The replicas' counters miss requests the proxy holds while a replica is replaced; the
+    probe sees them. One failure is a ticket, three in a row a page; a good probe ends it."""
+    from incidents.models import Incident, SlaBreach
+    from serving.contracts import contract_set
+    from tenants.actors import Actor
+    from tests.serving.test_ops_loop import FAST_CONTRACT
+
+    deployment = _ready(world_a)
+    contract_set(tenant=world_a.tenant, actor=Actor(user=world_a.owner), deployment=deployment,
+                 source=FAST_CONTRACT)  # fmt: skip
+    replica = Replica(deployment, "stable", "r1")
+    path = "/acme/assistant/v1/completions"
+    _Serve.statuses[path] = 200
+    now = time.time()
+    replica.serve(ok=50)
+    health.tick(now=now, serve_url=serve_proxy)
+    assert not Incident.objects.filter(deployment=deployment).exists()
+
+    _Serve.statuses[path] = 503
+    replica.serve(ok=50)  # the replicas' own counters stay clean: only the probe sees it
+    health.tick(now=now + 2, serve_url=serve_proxy)
+    incident = Incident.objects.get(deployment=deployment)
+    breach = SlaBreach.objects.get(incident=incident)
+    assert (breach.kind, breach.objective, breach.severity, breach.action) == (
+        "probe", "health-probe", "ticket", "notify"
+    )  # fmt: skip
+    assert "failed 1 time in a row (HTTP 503)" in breach.detail
+    assert "health-probe" in _firing_names(deployment)
+
+    for step in (4, 6):
+        replica.serve(ok=50)
+        health.tick(now=now + step, serve_url=serve_proxy)
+    incident.refresh_from_db()
+    assert incident.severity == "page"  # three in a row
+    assert Incident.objects.filter(deployment=deployment).count() == 1
+
+    _Serve.statuses[path] = 200
+    replica.serve(ok=50)
+    health.tick(now=now + 8, serve_url=serve_proxy)
+    assert "health-probe" not in _firing_names(deployment)
+
+    settings.HEALTH_PROBE_ALERT_AFTER = 0  # off: failures are counted, nothing fires
+    _Serve.statuses[path] = 503
+    replica.serve(ok=50)
+    health.tick(now=now + 10, serve_url=serve_proxy)
+    info = health.deployment_health(deployment.pk)
+    assert info["probe_failures"] == 1 and "health-probe" not in _firing_names(deployment)
+
+
+def _firing_names(deployment: Deployment) -> list[str]:
+    """(The probes' failures count as errors too: the availability budget may fire.)"""
+    slot = health.deployment_health(deployment.pk)["slots"]["stable"]
+    return [f["name"] for f in slot["firing"]]

@@ -310,9 +310,11 @@ class KvPollutionProbe(ActiveFault):
         if broken:
             return broken
         if not state.get("replay_queries"):
+            errors = int(state.get("transport_errors", 0))
+            why = f"; {errors} steps broke off: {state.get('last_error')}" if errors else ""
             return (
                 f"inconclusive: no replay reached the KV cache ({state.get('replays_sent', 0)} "
-                f"sent, refused {state.get('replays_refused') or {}})"
+                f"sent, refused {state.get('replays_refused') or {}}{why})"
             )
         if not state.get("replicas_checked"):
             return (
@@ -323,6 +325,15 @@ class KvPollutionProbe(ActiveFault):
 
 
 # --- token_starvation -----------------------------------------------------------------------
+
+
+def _context_positions(run: DrillRun) -> int | None:
+    """The stable version's context length, from its config as the registry read it."""
+    revision = run.deployment.current_revision
+    version = revision.stable_version if revision is not None else None
+    summary = (version.config_summary or {}) if version is not None else {}
+    value = summary.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 class TokenStarvation(ActiveFault):
@@ -352,8 +363,20 @@ class TokenStarvation(ActiveFault):
         except Exception as exc:  # no cluster configured
             return f"aborted: no Serve proxy to flood: {exc}"
         shared = bool(run.deployment.current_revision and run.deployment.current_revision.pool_id)
+        params = run.snapshot["parameters"]
+        chars = int(params["prompt_chars"])
+        context = _context_positions(run)
+        if context is not None:
+            # A prompt beyond the model's context is refused (a 400) and never loads anything:
+            # the flood is cut to what fits (one position per character at worst).
+            fits = max(16, context - int(params["max_tokens"]) - 16)
+            if chars > fits:
+                _event(run, "prompt_clamped", f"flood prompts cut from {chars} to {fits} "
+                       f"characters: the model's context is {context} positions",
+                       prompt_chars=fits, context=context)  # fmt: skip
+                chars = fits
         _store(run, {"url": url, "bystander_count": len(bystanders), "shared_pool": shared,
-                     "flood": {}, "bystanders": {}})  # fmt: skip
+                     "prompt_chars": chars, "flood": {}, "bystanders": {}})  # fmt: skip
         if not bystanders:
             _event(run, "no_bystanders", "no other tenant's deployment runs beside this one: "
                    "only the flooding tenant's own steady state is judged")  # fmt: skip
@@ -371,7 +394,8 @@ class TokenStarvation(ActiveFault):
         flood, watch = asyncio.run(
             _flood(
                 url=_completions_url(run.deployment), key=probe_key(run.deployment_id),
-                concurrency=int(params["concurrency"]), prompt_chars=int(params["prompt_chars"]),
+                concurrency=int(params["concurrency"]),
+                prompt_chars=int(state.get("prompt_chars") or params["prompt_chars"]),
                 max_tokens=int(params["max_tokens"]), seconds=budget, bystanders=targets,
             )
         )  # fmt: skip

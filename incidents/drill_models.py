@@ -122,6 +122,7 @@ class DrillRun(TenantOwned):
     snapshot = models.JSONField(default=dict)  # the drill as it was when the run started
     created_at = models.DateTimeField(default=timezone.now)
     stepped_at = models.DateTimeField(default=timezone.now)  # the last step (resume sweep)
+    previous_step_at: float | None = None  # not stored: the step before this one (run_advance)
     started_at = models.DateTimeField(null=True, blank=True)
     injected_at = models.DateTimeField(null=True, blank=True)
     detected_at = models.DateTimeField(null=True, blank=True)  # a drill incident opened

@@ -46,6 +46,7 @@ TTL_GRACE_S = 60  # the fault outlives the planned duration by this much at most
 STEP_S = 1.0  # how often an observing run looks
 RECOVERY_WAIT_S = 60  # after the revert, how long the steady state has to come back
 PROBE_WINDOW_S = 15  # probes judge the last this-many seconds of stored SLI rows
+CATCH_UP_MAX_S = 300  # and the rows since the previous step, this far back at most
 # An active run not stepped for this long lost its task (DRILL_RESUME_AFTER_S, tests shorten it).
 RESUME_AFTER_S = 15
 
@@ -476,6 +477,9 @@ def run_advance(run_id: int, now: float | None = None) -> float | None:
         )
         if run is None or not run.is_active:
             return None
+        # Probes judge the rows since the previous step as well: a step that comes late (a
+        # busy or restarted worker) must not miss a deviation that ended in between.
+        run.previous_step_at = run.stepped_at.timestamp() if run.stepped_at else None
         run.stepped_at = _dt(now)
         step = {
             DrillStatus.SCHEDULED: _start,
@@ -753,15 +757,21 @@ def _abort_reason(run: DrillRun, now: float, results: list[dict[str, Any]]) -> s
 # --- steady state ---------------------------------------------------------------------------
 
 
-def measure(deployment_id: int, group: str, now: float) -> dict[str, Any]:
-    """The slot's SLIs over the last PROBE_WINDOW_S seconds of stored rows."""
+def measure(
+    deployment_id: int, group: str, now: float, since: float | None = None
+) -> dict[str, Any]:
+    """The slot's SLIs over the last PROBE_WINDOW_S seconds of stored rows, or since `since`
+    when that is earlier (up to CATCH_UP_MAX_S back)."""
     from serving.dataplane.sli import quantile
     from serving.ops_models import Resolution, SliSample
     from serving.sli_store import as_datetime
 
+    window_start = now - PROBE_WINDOW_S
+    if since is not None:
+        window_start = max(min(window_start, since), now - CATCH_UP_MAX_S)
     rows = SliSample.objects.filter(
         deployment_id=deployment_id, group=group, resolution=Resolution.RAW,
-        end__gt=as_datetime(now - PROBE_WINDOW_S),
+        end__gt=as_datetime(window_start),
     ).values_list("requests", "errors", "latency", "start", "end")  # fmt: skip
     requests = errors = 0
     latency = [0] * 12
@@ -797,14 +807,16 @@ def steady_state(run: DrillRun, now: float) -> tuple[bool, list[dict[str, Any]]]
     group = run.snapshot["group"]
     results: list[dict[str, Any]] = []
     if hypothesis.get("contract", True):
-        firing = _firing(run.deployment_id, group)
+        # What fires now; not an exhausted error budget: that lasts the contract's window (days)
+        # after the slot is healthy again, and would fail every later drill of the slot.
+        firing = [f for f in _firing(run.deployment_id, group) if f.get("kind") != "budget"]
         results.append({
             "name": "contract", "held": not firing, "weight": 1,
             "value": [f.get("name") for f in firing],
         })  # fmt: skip
     probes = hypothesis.get("probes") or []
     if probes:
-        window = measure(run.deployment_id, group, now)
+        window = measure(run.deployment_id, group, now, run.previous_step_at)
         for probe in probes:
             value = window[probe["sli"]]
             if "max" in probe:

@@ -402,6 +402,27 @@ def test_a_neighbour_failing_during_the_flood_fails_the_run(
     assert run.probes["fault"]["flood"]["ok"] > 0  # this flood fit and was served
 
 
+def test_flood_prompts_beyond_the_models_context_are_cut_to_fit(
+    world_a: TenantWorld, plane: DataPlane
+) -> None:
+    """The catalogue's default (2000 characters) is beyond the tiny model's 1024 positions:
+    every flood request would be a 400 and the run inconclusive (bench/drills.py)."""
+    deployment = _ready(world_a)
+    assert deployment.current_revision.stable_version.config_summary[
+        "max_position_embeddings"] == 1024  # fmt: skip
+    plane.apply()
+    drill = _drill(world_a, "token_starvation", parameters={
+        "concurrency": 2, "prompt_chars": 5000, "max_tokens": 8})  # fmt: skip
+    now = time.time()
+    run = _start(world_a, drill, None, now)
+    assert run.probes["fault"]["prompt_chars"] == 1024 - 8 - 16
+    assert "prompt_clamped" in _kinds(run)
+    drills.run_advance(run.pk, now + 1)
+    run = _finish(run, None, now + 11)
+    flood = run.probes["fault"]["flood"]
+    assert flood["sent"] > 0 and "400" not in flood["statuses"], flood
+
+
 # --- weight_swap_jitter ---------------------------------------------------------------------
 
 

@@ -250,3 +250,47 @@ def test_replica_faults_go_in_with_their_blast_radius(world_a: TenantWorld, faul
     assert run.status == DrillStatus.OBSERVING, run.verdict
     deployment.refresh_from_db()
     assert deployment.current_revision.faults["stable"][fault]["replica_share"] == 0.5
+
+
+def test_a_late_step_still_sees_a_deviation_that_ended_in_between(world_a: TenantWorld) -> None:
+    """A step that comes late (a busy or restarted worker) judges every row since the previous
+    step, not only the last PROBE_WINDOW_S seconds (bench/drills.py, replica_hang run 3)."""
+    from datetime import UTC, datetime
+
+    from tests.incidents.slis import sample
+
+    deployment = _ready(world_a)
+    drill = _drill(world_a, deployment, group="stable", duration_s=300,
+                   steady_state={"contract": False, "probes": [{"sli": "error_rate", "max": 0.05}]})  # fmt: skip
+    run = drills.run_start(tenant=world_a.tenant, actor=Actor(user=world_a.owner), drill=drill)
+    now = time.time()
+    for step in range(4):  # start, check, inject, a first look
+        drills.run_advance(run.pk, now + 0.1 * step)
+    run.refresh_from_db()
+    assert run.status == DrillStatus.OBSERVING and not run.deviated
+    # 3 s of half failed requests, ending 5 s after the injection; the next step comes 35 s
+    # later, when they are well out of a 15 s window.
+    sample(deployment, datetime.fromtimestamp(now + 5, tz=UTC), seconds=3, requests=100,
+           errors=50)  # fmt: skip
+    late = now + 5 + drills.PROBE_WINDOW_S + 20
+    assert drills.measure(deployment.pk, "stable", late)["requests"] == 0
+    drills.run_advance(run.pk, late)
+    run.refresh_from_db()
+    assert run.deviated
+
+
+def test_an_exhausted_budget_does_not_break_the_steady_state(
+    world_a: TenantWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget stays exhausted for the contract's window after the slot is healthy again:
+    counted, it would fail every later drill of the slot at its first check."""
+    deployment = _ready(world_a)
+    drill = _drill(world_a, deployment, group="stable", steady_state={"contract": True})
+    run = drills.run_start(tenant=world_a.tenant, actor=Actor(user=world_a.owner), drill=drill)
+    budget = {"kind": "budget", "name": "availability", "severity": "ticket"}
+    burn = {"kind": "burn", "name": "availability", "severity": "page", "burn_long": 20.0}
+    monkeypatch.setattr(drills, "_firing", lambda *args: [budget])
+    assert drills.steady_state(run, time.time())[0] is True
+    monkeypatch.setattr(drills, "_firing", lambda *args: [budget, burn])
+    held, results = drills.steady_state(run, time.time())
+    assert held is False and results[0]["value"] == ["availability"]

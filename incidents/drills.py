@@ -711,10 +711,15 @@ def _actor(run: DrillRun) -> Actor:
 
 
 def _note_detection(run: DrillRun, now: float) -> None:
-    """The first drill incident of this run; its mitigation (the rollback) ends the MTTR."""
+    """The first drill incident of this run on its slot (keyed `drill-<run>:<dep>:<group>`;
+    the other slot's breaches are not this fault's); its mitigation (the rollback) ends the
+    MTTR."""
     if run.incident is None:
         incident = (
-            Incident.objects.filter(tenant_id=run.tenant_id, drill_run_id=run.pk)
+            Incident.objects.filter(
+                tenant_id=run.tenant_id, drill_run_id=run.pk,
+                dedup_key__endswith=f":{run.snapshot['group']}",
+            )  # fmt: skip
             .order_by("triggered_at")
             .first()
         )

@@ -188,7 +188,11 @@ async def _probe_all(urls: Mapping[int, tuple[str, str]], timeout_s: float) -> d
                 try:
                     async with session.post(
                         url, json=PROBE_BODY,
-                        headers={"authorization": f"Bearer {key}", "x-portal-probe": "1"},
+                        # Pinned to stable: the probe's result is the stable slot's (a canary
+                        # has its own SLIs and analysis; a probe landing there would blame
+                        # stable for the canary's faults).
+                        headers={"authorization": f"Bearer {key}", "x-portal-probe": "1",
+                                 "x-ab-group": "stable"},
                     ) as response:  # fmt: skip
                         await response.read()
                         status = response.status

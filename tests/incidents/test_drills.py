@@ -294,3 +294,31 @@ def test_an_exhausted_budget_does_not_break_the_steady_state(
     monkeypatch.setattr(drills, "_firing", lambda *args: [budget, burn])
     held, results = drills.steady_state(run, time.time())
     assert held is False and results[0]["value"] == ["availability"]
+
+
+def test_the_runs_incident_is_the_one_on_its_slot(world_a: TenantWorld) -> None:
+    """A canary drill: a stable-slot drill incident of the same run (a probe that failed while
+    the fault was in) is not its detection (bench/drills.py saw MTTR 22 s from it)."""
+    from datetime import UTC, datetime
+
+    from incidents import services as incident_services
+
+    deployment = _ready(world_a)
+    drill = _drill(world_a, deployment)  # the canary's error burst
+    run = drills.run_start(tenant=world_a.tenant, actor=Actor(user=world_a.owner), drill=drill)
+    now = time.time()
+
+    def breach(group: str, objective: str, at: float) -> Incident:
+        return incident_services.breach_record(
+            tenant=world_a.tenant, deployment=deployment, group=group, objective=objective,
+            kind="fast", severity="page", action="notify", detail="drill", observed={},
+            detected_at=datetime.fromtimestamp(at, tz=UTC), is_drill=True, drill_run_id=run.pk,
+        )[1]  # fmt: skip
+
+    breach("stable", "health-probe", now + 1)
+    run.refresh_from_db()
+    drills._note_detection(run, now + 1.5)
+    assert run.incident is None
+    canary = breach("canary", "error-spike", now + 3)
+    drills._note_detection(run, now + 3.5)
+    assert run.incident == canary and run.detected_at.timestamp() == pytest.approx(now + 3)

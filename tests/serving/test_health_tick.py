@@ -173,6 +173,7 @@ def test_probes_go_through_the_proxy_with_the_probe_key(
     headers = {k.lower(): v for k, v in request["headers"].items()}
     assert headers["authorization"] == f"Bearer {probe_key(deployment.pk)}"
     assert headers["x-portal-probe"] == "1" and json.loads(request["body"])["max_tokens"] == 1
+    assert headers["x-ab-group"] == "stable"  # the stable slot's probe, never the canary's
     # A failing probe counts as a failed request of the stable slot, and failures add up.
     _Serve.statuses[path] = 503
     for step in (2, 4):

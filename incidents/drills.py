@@ -717,7 +717,8 @@ def _note_detection(run: DrillRun, now: float) -> None:
     if run.incident is None:
         incident = (
             Incident.objects.filter(
-                tenant_id=run.tenant_id, drill_run_id=run.pk,
+                tenant_id=run.tenant_id,
+                drill_run_id=run.pk,
                 dedup_key__endswith=f":{run.snapshot['group']}",
             )  # fmt: skip
             .order_by("triggered_at")

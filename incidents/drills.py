@@ -720,7 +720,7 @@ def _note_detection(run: DrillRun, now: float) -> None:
                 tenant_id=run.tenant_id,
                 drill_run_id=run.pk,
                 dedup_key__endswith=f":{run.snapshot['group']}",
-            )  # fmt: skip
+            )
             .order_by("triggered_at")
             .first()
         )

@@ -145,20 +145,21 @@ def _run(tenant: Tenant, pk: int) -> DrillRun:
 @require_GET
 @tenant_page()
 def drill_run_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
-    run = _run(tenant, pk)
-    context = {
-        "run": run,
+    return render(request, "incidents/drills/run.html", _run_context(request, tenant, pk))
+
+
+def _run_context(request: HttpRequest, tenant: Tenant, pk: int) -> dict[str, Any]:
+    return {
+        "run": _run(tenant, pk),
         "can_deploy": Scope.DEPLOY in request.membership.scopes,  # type: ignore[attr-defined]
     }
-    return render(request, "incidents/drills/run.html", context)
 
 
 @require_GET
 @tenant_page()
 def drill_run_live(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
     """The run's status, figures and timeline (htmx, every second while it is active)."""
-    run = _run(tenant, pk)
-    return render(request, "incidents/drills/_run_live.html", {"run": run})
+    return render(request, "incidents/drills/_run_live.html", _run_context(request, tenant, pk))
 
 
 @require_POST

@@ -1,6 +1,7 @@
 """Live ops pages in headless Chromium (Playwright, sync API): an incident's detail page and the
-incident list follow the tenant's stream over a real WebSocket, and the health page draws its
-SLI charts with uPlot.
+incident list follow the tenant's stream over a real WebSocket, the health page draws its
+SLI charts with uPlot, and a drill made in its form runs live to its report (the run's steps,
+a worker's part, are played by the test on a clock it moves).
 
 Django's live_server is a WSGI server (no WebSockets) and daphne (channels' live server) is not
 installed, so these tests serve the real ASGI app (`portal.asgi.application`: HTTP, static
@@ -26,7 +27,9 @@ from django.db import connection, connections
 from django.utils import timezone
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
-from incidents import services
+from incidents import drills, services
+from incidents.models import ChaosDrill, DrillRun, DrillStatus, Incident
+from incidents.tasks import advance_drill_run
 from serving import health
 from serving.contracts import contract_set
 from serving.gpu_agent import AgentConfig, GpuAgent
@@ -274,3 +277,119 @@ def test_the_gpu_dashboard_streams_samples_live(page: Page) -> None:
             loop, event = stop[0]
             loop.call_soon_threadsafe(event.set)
         thread.join(10)
+
+
+DRILL_CONTRACT = """\
+apiVersion: aiops.portal/v1
+kind: SlaContract
+metadata:
+  name: drill-sla
+spec:
+  window: 30d
+  objectives:
+    - name: availability
+      sli: availability
+      target: 0.99
+  fast:
+    - name: error-spike
+      sli: error_rate
+      above: 0.1
+      for: 15s
+      min_requests: 10
+      action: notify
+"""
+
+
+def test_a_drill_made_in_the_page_runs_live_to_its_report(
+    page: Page, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = make_world("Acme")
+    deployment = Deployment.objects.get(tenant=world.tenant, name="assistant")
+    Deployment.objects.filter(pk=deployment.pk).update(status=DeploymentStatus.RUNNING)
+    contract_set(tenant=world.tenant, actor=Actor(user=world.owner), deployment=deployment,
+                 source=DRILL_CONTRACT)  # fmt: skip
+    monkeypatch.setattr(advance_drill_run, "delay", lambda *args, **kwargs: None)  # see above
+    slug = world.tenant.slug
+    t0 = time.time()
+
+    def tick(at: float, ok: int, failed: int = 0) -> None:  # what the beat's health task does
+        publish_sli(deployment, "stable", ok=ok, failed=failed)
+        health.tick(now=at)
+
+    _in_another_thread(lambda: tick(t0, ok=40))
+    _log_in(page, world)
+
+    # The catalogue, then a drill made in the form, with a schedule.
+    page.goto(f"/t/{slug}/drills/")
+    expect(page.get_by_test_id("drill-catalogue")).to_contain_text("replica_crash")
+    page.get_by_test_id("drill-new").click()
+    form = page.get_by_test_id("drill-form")
+    form.locator('[name="name"]').fill("stable errors")
+    form.locator('[name="deployment"]').select_option(str(deployment.pk))
+    form.locator('[name="fault"]').select_option("error_burst")
+    form.locator('[name="group"]').select_option("stable")
+    form.locator('[name="parameters"]').fill('{"status": 503}')
+    form.locator('[name="traffic_share"]').fill("0.5")
+    form.locator('[name="duration_s"]').fill("10")
+    form.locator('[name="steady_state"]').fill(
+        '{"contract": false, "probes": [{"sli": "error_rate", "max": 0.05}]}'
+    )
+    form.locator('[name="abort_conditions"]').fill("{}")
+    form.locator('[name="schedule"]').fill("30 3 * * 1")
+    form.get_by_role("button", name="Create drill").click()
+    expect(page.get_by_test_id("drill-heading")).to_have_text("stable errors")
+    drill = ChaosDrill.objects.get(tenant=world.tenant, name="stable errors")
+    assert drill.schedule == "30 3 * * 1" and drill.parameters == {"status": 503}
+
+    # Run now: the run page, scheduled until the worker takes its first step.
+    page.get_by_test_id("drill-start").click()
+    expect(page.get_by_test_id("run-heading")).to_contain_text("stable errors")
+    run = DrillRun.objects.get(drill=drill)
+    status = page.get_by_test_id("run-status")
+    expect(status).to_have_attribute("data-status", DrillStatus.SCHEDULED)
+    page.evaluate("window.__sameDocument = true")  # htmx swaps the fragment; no reload
+
+    def step(at: float) -> None:
+        _in_another_thread(lambda: drills.run_advance(run.pk, at))
+
+    for offset in (0.1, 0.2, 0.3):  # start, check the steady state, inject
+        step(t0 + offset)
+    expect(status).to_have_attribute("data-status", DrillStatus.OBSERVING, timeout=5_000)
+    timeline = page.get_by_test_id("run-timeline")
+    expect(timeline.locator('li[data-kind="injected"]')).to_have_count(1)
+    expect(page.get_by_test_id("run-stop")).to_be_visible()
+
+    # The fault bites: half the requests fail, the contract's rule opens a drill incident.
+    _in_another_thread(lambda: tick(t0 + 2, ok=20, failed=20))
+    step(t0 + 2.1)
+    expect(page.get_by_test_id("run-mttd")).to_contain_text("incident #", timeout=5_000)
+    expect(timeline.locator('li[data-kind="deviated"]')).to_have_count(1)
+    incident = Incident.objects.get(drill_run_id=run.pk)
+    assert incident.is_drill
+
+    # On-call mitigates; the fault's time runs out; the revert; the steady state is back.
+    _in_another_thread(lambda: services.incident_mitigate(
+        tenant=world.tenant, actor=Actor(user=world.owner), incident=incident, reason="drill",
+    ))  # fmt: skip
+    step(t0 + 4)
+    expect(page.get_by_test_id("run-mttr")).to_contain_text(" s", timeout=5_000)
+    _in_another_thread(lambda: tick(t0 + 11, ok=40))
+    for offset in (11.1, 11.2):  # the duration is over: revert
+        step(t0 + offset)
+    expect(timeline.locator('li[data-kind="reverted"]')).to_have_count(1, timeout=5_000)
+    _in_another_thread(lambda: tick(t0 + 30, ok=40))  # the 15 s window is clean again
+    step(t0 + 30.1)
+    expect(status).to_have_attribute("data-status", DrillStatus.PASSED, timeout=5_000)
+    expect(status).to_contain_text("detected and recovered")
+    expect(page.get_by_test_id("run-score")).to_contain_text("% of probe checks held")
+    assert page.evaluate("window.__sameDocument") is True
+    expect(page.get_by_test_id("run-stop")).to_have_count(0)  # nothing left to stop
+
+    run.refresh_from_db()
+    assert run.mttd_s is not None and run.mttr_s is not None and 0 < run.mttd_s <= run.mttr_s
+    deployment.refresh_from_db()
+    assert deployment.current_revision.faults == {}  # reverted
+    chart = page.get_by_test_id("sli-chart")
+    expect(chart.locator("canvas")).to_have_count(3)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "drill-run.png"), full_page=True)

@@ -12,6 +12,7 @@
     ["p95_ms", "p95 latency (ms)"],
   ];
   const COLORS = { stable: "#2457d6", canary: "#d97706" };
+  const SPANS = { "15m": 900, "1h": 3600, "24h": 86400, "7d": 604800 };
   const empty = root.querySelector("[data-chart-empty]");
   let range = "15m";
   let plots = [];
@@ -40,7 +41,12 @@
         title: metric[1],
         width: Math.max(280, el.clientWidth || 320),
         height: 180,
-        scales: { x: { time: true } },
+        // The whole selected range, ending now: a few points must not stretch the axis
+        // over years (uPlot's auto range around a single point).
+        scales: { x: { time: true, range: function () {
+          const end = Date.now() / 1000;
+          return [end - (SPANS[range] || 900), end];
+        } } },
         axes: [{}, { size: 56 }],
         series: [{}].concat(groups.map(function (g) {
           return { label: g, stroke: COLORS[g] || "#555", width: 1.5 };

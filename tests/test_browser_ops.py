@@ -38,6 +38,7 @@ from tenants.actors import Actor
 from tests.conftest import PASSWORD, TenantWorld, make_world
 from tests.incidents.factories import breach
 from tests.incidents.slis import sample
+from tests.serving.test_ops_loop import FAST_CONTRACT
 from tests.serving.test_ops_pages import CONTRACT, publish_sli
 from tests.test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
 
@@ -279,25 +280,7 @@ def test_the_gpu_dashboard_streams_samples_live(page: Page) -> None:
         thread.join(10)
 
 
-DRILL_CONTRACT = """\
-apiVersion: aiops.portal/v1
-kind: SlaContract
-metadata:
-  name: drill-sla
-spec:
-  window: 30d
-  objectives:
-    - name: availability
-      sli: availability
-      target: 0.99
-  fast:
-    - name: error-spike
-      sli: error_rate
-      above: 0.1
-      for: 15s
-      min_requests: 10
-      action: notify
-"""
+DRILL_CONTRACT = FAST_CONTRACT.replace("action: rollback", "action: notify")  # no canary here
 
 
 def test_a_drill_made_in_the_page_runs_live_to_its_report(

@@ -78,8 +78,9 @@ def channel_for_world(world: TenantWorld) -> NotificationChannel:
 
 def drill_for_world(world: TenantWorld) -> Any:
     from incidents import drills
+    from incidents.drill_models import ChaosDrill
 
-    existing = drills.ChaosDrill.objects.filter(tenant=world.tenant).first()
+    existing = ChaosDrill.objects.filter(tenant=world.tenant).first()
     if existing is not None:
         return existing
     return drills.drill_create(

@@ -1,4 +1,4 @@
-"""The active drill faults without Ray (incidents.drill_faults): kv_pollution_probe,
+"""The active drill faults without Ray (incidents.drills.faults): kv_pollution_probe,
 token_starvation, weight_swap_jitter and control_plane_delay, each run step by step.
 
 The data plane here is the real one minus Ray: each deployment's real Router (its stable slot
@@ -30,8 +30,9 @@ from django.conf import settings
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from incidents import drill_faults, drills
-from incidents.models import DrillRun, DrillStatus
+from incidents import drills
+from incidents.drills import faults as drill_faults
+from incidents.models import ChaosDrill, DrillRun, DrillStatus
 from portal.exceptions import ValidationFailed
 from serving import deployments as deploy
 from serving import health
@@ -249,7 +250,7 @@ def test_bad_drills_of_the_new_faults_are_refused_naming_the_field(
     with pytest.raises(ValidationFailed) as exc:
         _drill(world_a, fault, **extra)
     assert exc.value.field == field, exc.value.message
-    assert not drills.ChaosDrill.objects.exists()
+    assert not ChaosDrill.objects.exists()
 
 
 # --- kv_pollution_probe ---------------------------------------------------------------------

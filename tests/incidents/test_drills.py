@@ -12,7 +12,8 @@ import pytest
 from django_celery_beat.models import PeriodicTask
 
 from incidents import drills
-from incidents.models import DrillRun, DrillStatus, Incident
+from incidents.drills import steady
+from incidents.models import ChaosDrill, DrillRun, DrillStatus, Incident
 from portal.exceptions import ConflictError, ValidationFailed
 from serving import deployments as deploy
 from serving import health
@@ -63,7 +64,7 @@ def test_bad_drills_are_refused_naming_the_field(
     with pytest.raises(ValidationFailed) as exc:
         _drill(world_a, deployment, **extra)
     assert exc.value.field == field, exc.value.message
-    assert not drills.ChaosDrill.objects.exists()  # nothing half-written
+    assert not ChaosDrill.objects.exists()  # nothing half-written
 
 
 def test_a_schedule_is_a_cron_entry_in_celery_beat(world_a: TenantWorld) -> None:
@@ -289,9 +290,9 @@ def test_an_exhausted_budget_does_not_break_the_steady_state(
     run = drills.run_start(tenant=world_a.tenant, actor=Actor(user=world_a.owner), drill=drill)
     budget = {"kind": "budget", "name": "availability", "severity": "ticket"}
     burn = {"kind": "burn", "name": "availability", "severity": "page", "burn_long": 20.0}
-    monkeypatch.setattr(drills, "_firing", lambda *args: [budget])
+    monkeypatch.setattr(steady, "_firing", lambda *args: [budget])
     assert drills.steady_state(run, time.time())[0] is True
-    monkeypatch.setattr(drills, "_firing", lambda *args: [budget, burn])
+    monkeypatch.setattr(steady, "_firing", lambda *args: [budget, burn])
     held, results = drills.steady_state(run, time.time())
     assert held is False and results[0]["value"] == ["availability"]
 

@@ -23,7 +23,8 @@ import pytest
 import redis
 from django.conf import settings
 
-from incidents import drill_faults, drills
+from incidents import drills
+from incidents.drills import faults as drill_faults
 from incidents.models import DrillRun, DrillStatus
 from serving import deployments
 from serving.control import reconcile as control

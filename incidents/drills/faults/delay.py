@@ -1,0 +1,131 @@
+"""`control_plane_delay`: the portal's Serve API calls held through a TTL'd Redis key."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from django.conf import settings
+
+from incidents.drill_models import DrillRun
+from incidents.drills.faults.base import (
+    DELAY_MEASURE_EVERY_S,
+    ActiveFault,
+    _event,
+    _redis,
+    _state,
+    _store,
+)
+
+logger = logging.getLogger(__name__)
+
+# Compare-and-delete: a run removes its own delay only, never another run's.
+_DELETE_IF_OURS = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+)
+
+
+class ControlPlaneDelay(ActiveFault):
+    control_side = True
+    lingers = True
+
+    def _value(self, run: DrillRun) -> str:
+        # The same in every step: a resumed injection finds its own key and carries on.
+        delay = run.snapshot["parameters"]["delay_ms"]
+        return json.dumps({"run": run.pk, "delay_ms": delay}, sort_keys=True)
+
+    def inject(self, run: DrillRun, now: float) -> str | None:
+        from serving.control.serve_api import control_delay_key
+
+        if not settings.REDIS_URL:
+            return "aborted: control_plane_delay needs Redis (the delay is a key there)"
+        from incidents.drills import TTL_GRACE_S
+
+        ttl = int(run.snapshot["duration_s"]) + TTL_GRACE_S
+        _store(run, {"expires_at": round(now + ttl, 3), "api_calls": [], "reconciles": [],
+                     "reconcile_seen": 0})  # fmt: skip
+        value, key = self._value(run), control_delay_key()
+        r = _redis()
+        if not r.set(key, value, nx=True, ex=ttl) and r.get(key) != value.encode():
+            holder = r.get(key)
+            return f"aborted: another control_plane_delay is in force ({holder!r})"
+        return None
+
+    def _measure(self, run: DrillRun, state: dict[str, Any], now: float, label: str) -> None:
+        """One real Serve API call through the portal's client, timed."""
+        from serving.control.cluster import ray_target_from_env
+        from serving.control.serve_api import ServeApiError
+
+        started = time.perf_counter()
+        error = None
+        try:
+            ray_target_from_env().serve_client().applications()
+        except ServeApiError as exc:
+            error = str(exc)[:200]
+        ms = round((time.perf_counter() - started) * 1000, 1)
+        state["api_calls"] = [*(state.get("api_calls") or []), {"at": round(now, 3), "ms": ms,
+                              "when": label, "error": error}][-50:]  # fmt: skip
+        _event(run, "serve_api_call", f"Serve API call ({label}) took {ms:.0f} ms"
+               + (f": {error}" if error else ""), ms=ms, error=error)  # fmt: skip
+
+    def _reconciles(self, run: DrillRun, state: dict[str, Any]) -> None:
+        """Reconciles that finished since the injection (the drill asks for one with each
+        measurement), with their durations."""
+        from serving.deployment_models import ReconcileRun
+
+        if run.injected_at is None:
+            return
+        finished = ReconcileRun.objects.filter(
+            started_at__gte=run.injected_at, finished_at__isnull=False,
+            pk__gt=int(state.get("reconcile_seen", 0)),
+        ).order_by("pk")[:20]  # fmt: skip
+        for reconcile in finished:
+            ms = round(float(reconcile.duration_ms or 0), 1)
+            state["reconciles"] = [*(state.get("reconciles") or []),
+                                   {"ms": ms, "skipped": reconcile.skipped,
+                                    "ok": reconcile.ok}][-50:]  # fmt: skip
+            state["reconcile_seen"] = reconcile.pk
+            _event(run, "reconcile", f"reconcile took {ms:.0f} ms"
+                   + (" (nothing to apply)" if reconcile.skipped else ""), ms=ms,
+                   skipped=reconcile.skipped, ok=reconcile.ok)  # fmt: skip
+
+    def observe(self, run: DrillRun, now: float) -> str | None:
+        from django.db import transaction
+
+        from serving.tasks import reconcile
+
+        state = _state(run)
+        self._reconciles(run, state)
+        if now - float(state.get("measured_at", 0)) >= DELAY_MEASURE_EVERY_S:
+            self._measure(run, state, now, "delayed")
+            state["measured_at"] = now
+            transaction.on_commit(lambda: reconcile.delay())  # slowed like any other
+        _store(run, state)
+        return None
+
+    def revert(self, run: DrillRun, now: float) -> str:
+        from serving.control.serve_api import control_delay_key
+
+        removed = _redis().eval(_DELETE_IF_OURS, 1, control_delay_key(), self._value(run))
+        return "delay removed" if removed else "the delay key was already gone (TTL)"
+
+    def wind_down(self, run: DrillRun, now: float) -> None:
+        state = _state(run)
+        self._reconciles(run, state)
+        if not state.get("measured_after"):
+            self._measure(run, state, now, "after the revert")
+            state["measured_after"] = True
+        _store(run, state)
+
+    def failure(self, run: DrillRun) -> str | None:
+        state = _state(run)
+        delay = float(run.snapshot["parameters"]["delay_ms"])
+        delayed = [c for c in state.get("api_calls") or [] if c.get("when") == "delayed"]
+        if not any(c["ms"] >= delay * 0.95 for c in delayed):
+            return (
+                f"inconclusive: no Serve API call was slowed by {delay:g} ms (measured "
+                f"{[c['ms'] for c in delayed]})"
+            )
+        return None

@@ -341,6 +341,12 @@ DRILL_RESUME_AFTER_S = env_float("DRILL_RESUME_AFTER_S", 15.0)  # a drill run's 
 GPU_AGENT_HZ = env_float("GPU_AGENT_HZ", 5.0)
 GPU_AGENT_NODE = env_str("GPU_AGENT_NODE", "")
 GPU_AGENT_SIMULATE = env_bool("GPU_AGENT_SIMULATE", False)
+# `process`: `manage.py gpu_agent` on each GPU node (the `up` supervisor starts it on this one);
+# `ray`: a sampler per Ray node declared with the deployments (serving.dataplane.gpu_node) and
+# one relay beside the portal (`manage.py gpu_agent --relay`). Needs Redis.
+GPU_AGENT_MODE = env_str("GPU_AGENT_MODE", "process")
+if GPU_AGENT_MODE not in ("process", "ray"):
+    raise ImproperlyConfigured("GPU_AGENT_MODE: give `process` or `ray`.")
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 
 # --- The ops loop -------------------------------------------------------------------------

@@ -494,6 +494,9 @@ class GpuAgent:
             self.owners = await _db(owners_map)()
             self._owners_at = now
         self.replicas = await self._published_replicas()
+        ray_node = getattr(self.provider, "ray_node", None)
+        if ray_node:  # a Ray node's sampler (gpu_relay): only its own replicas' pids
+            self.replicas = [r for r in self.replicas if r.get("node") in (None, ray_node)]
         if self.provider.simulated:
             await self._attach_simulated()
         self.processes = await asyncio.to_thread(self.provider.processes)

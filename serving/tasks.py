@@ -51,7 +51,8 @@ def refresh_deployment_status() -> dict[int, str]:
     """What Serve reports, copied into the deployments (beat, every few seconds)."""
     from serving.control import reconcile as control
 
-    if not control.has_deployments():
+    ray_agents = settings.GPU_AGENT_MODE == "ray"
+    if not control.has_deployments() and not ray_agents:
         return {}
     try:
         from serving.control.cluster import ray_target_from_env
@@ -62,6 +63,9 @@ def refresh_deployment_status() -> dict[int, str]:
         if drifted:  # Serve runs an older config than the portal applied: apply it again
             logger.warning("Serve runs stale configs of %s: reconciling", ", ".join(drifted))
             control.reconcile(force=True, client=client)
+        elif ray_agents and control.gpu_nodes_changed(client, apps):
+            logger.info("Ray nodes joined or left: declaring one GPU sampler per node")
+            control.reconcile(client=client)
         return control.refresh_status(client=client)
     except ServeApiError as exc:  # no cluster yet (starting, or PORTAL_RAY=off): say so once
         logger.warning("deployment status not refreshed: %s", exc)

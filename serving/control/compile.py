@@ -32,6 +32,18 @@ SAME_LOOP_ENV = {
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
 }
 VERSION_IMPORT = "serving.dataplane.app:build_version"
+GPU_NODES_IMPORT = "serving.dataplane.gpu_node:build_gpu_nodes"
+# A dot: no tenant slug or deployment name has one, so no tenant's application takes the name.
+GPU_NODES_APP = "gpu-nodes.portal"
+
+
+@dataclass(frozen=True)
+class GpuNodesSpec:
+    """GPU_AGENT_MODE=ray: how many nodes get a sampler, and its settings."""
+
+    nodes: int
+    hz: float = 5.0
+    simulate: bool = False
 
 
 @dataclass(frozen=True)
@@ -252,6 +264,26 @@ def _router_app(spec: DeploymentSpec, telemetry: dict[str, Any]) -> dict[str, An
     }
 
 
+def _gpu_nodes_app(gpu: GpuNodesSpec, telemetry: dict[str, Any]) -> dict[str, Any]:
+    """One GPU sampler per Ray node (serving.dataplane.gpu_node), no route, no CPU reserved."""
+    return {
+        "name": GPU_NODES_APP,
+        "route_prefix": None,
+        "import_path": GPU_NODES_IMPORT,
+        "args": {},
+        "deployments": [
+            {
+                "name": "sampler",
+                "num_replicas": gpu.nodes,
+                "max_replicas_per_node": 1,
+                **HEALTH_CHECK,
+                "ray_actor_options": {"num_cpus": 0},
+                "user_config": {"telemetry": telemetry, "hz": gpu.hz, "simulate": gpu.simulate},
+            }
+        ],
+    }
+
+
 def compile_config(
     specs: list[DeploymentSpec],
     *,
@@ -260,10 +292,13 @@ def compile_config(
     http_port: int = 8001,
     telemetry: dict[str, Any] | None = None,
     runtime_env: dict[str, Any] | None = None,
+    gpu_nodes: GpuNodesSpec | None = None,
 ) -> dict[str, Any]:
-    """The whole Serve config: every active deployment, sorted by application name."""
+    """The whole Serve config: every active deployment, sorted by application name; with
+    `gpu_nodes`, the GPU samplers' application first."""
     telemetry = dict(telemetry or {})
-    applications = [_pool_app(p, telemetry) for p in sorted(pools or [], key=lambda p: p.name)]
+    applications = [_gpu_nodes_app(gpu_nodes, telemetry)] if gpu_nodes and gpu_nodes.nodes else []
+    applications += [_pool_app(p, telemetry) for p in sorted(pools or [], key=lambda p: p.name)]
     known_pools = {p.name for p in pools or []}
     for spec in sorted(specs, key=lambda s: s.app_name):
         if spec.pool is not None and spec.pool not in known_pools:

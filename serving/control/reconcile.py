@@ -22,7 +22,14 @@ from django.utils import timezone
 
 from serving import artifacts
 from serving.control.cluster import RayTarget, ray_target_from_env
-from serving.control.compile import DeploymentSpec, PoolSpec, SlotSpec, compile_config
+from serving.control.compile import (
+    GPU_NODES_APP,
+    DeploymentSpec,
+    GpuNodesSpec,
+    PoolSpec,
+    SlotSpec,
+    compile_config,
+)
 from serving.control.serve_api import AppInfo, AppStatus, ServeApiClient
 from serving.dataplane.keys import hash_key
 from serving.deployment_models import (
@@ -145,7 +152,27 @@ def _telemetry() -> dict[str, Any]:
     return {"redis_url": settings.REDIS_URL or None, "prefix": settings.SLI_KEY_PREFIX}
 
 
-def compiled_config(target: RayTarget) -> tuple[dict[str, Any], list[int]]:
+def gpu_node_count(client: ServeApiClient) -> int:
+    """The nodes that get a GPU sampler: the alive ones with GPUs, or every alive node where
+    none has one (a CPU cluster: each says "no GPU", or streams the labelled simulation)."""
+    alive = [n for n in client.nodes() if n.get("state") == "ALIVE"]
+    with_gpus = [n for n in alive if float((n.get("resources_total") or {}).get("GPU", 0)) > 0]
+    return len(with_gpus or alive)
+
+
+def gpu_nodes_spec(client: ServeApiClient) -> GpuNodesSpec | None:
+    """GPU_AGENT_MODE=ray (with Redis, where the samples go): one sampler per node."""
+    if settings.GPU_AGENT_MODE != "ray" or not settings.REDIS_URL:
+        return None
+    return GpuNodesSpec(
+        nodes=gpu_node_count(client), hz=settings.GPU_AGENT_HZ,
+        simulate=settings.GPU_AGENT_SIMULATE,
+    )  # fmt: skip
+
+
+def compiled_config(
+    target: RayTarget, client: ServeApiClient | None = None
+) -> tuple[dict[str, Any], list[int]]:
     specs, pools, revision_ids = desired_state()
     http = dict(target.serve_http_options) or {"host": "127.0.0.1", "port": 8001}
     config = compile_config(
@@ -154,8 +181,20 @@ def compiled_config(target: RayTarget) -> tuple[dict[str, Any], list[int]]:
         http_host=str(http.get("host", "127.0.0.1")),
         http_port=int(http.get("port", 8001)),
         telemetry=_telemetry(),
+        gpu_nodes=gpu_nodes_spec(client or target.serve_client()),
     )
     return config, revision_ids
+
+
+def gpu_nodes_changed(client: ServeApiClient, apps: dict[str, AppInfo]) -> bool:
+    """A node joined or left since the samplers were declared (the status refresh asks)."""
+    spec = gpu_nodes_spec(client)
+    if spec is None:
+        return False
+    info = apps.get(GPU_NODES_APP)
+    declared = info.deployments.get("sampler") if info is not None else None
+    have = declared.target_num_replicas if declared is not None else 0
+    return have != spec.nodes
 
 
 def digest(config: dict[str, Any]) -> str:
@@ -174,7 +213,7 @@ def reconcile(
         with transaction.atomic():
             lock, _ = ReconcileLock.objects.get_or_create(id=1)
             lock = ReconcileLock.objects.select_for_update().get(id=1)
-            config, revision_ids = compiled_config(target)
+            config, revision_ids = compiled_config(target, client)
             run.config_digest = digest(config)
             run.applications = len(config["applications"])
             running = {name for name in client.applications()}

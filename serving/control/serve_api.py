@@ -363,6 +363,15 @@ class ServeApiClient:
 
     # Reading what Serve reports.
 
+    def nodes(self) -> list[dict[str, Any]]:
+        """GET Ray's state API: the cluster's nodes (node_id, state, resources_total, ...)."""
+        _, text = self.request("GET", "/api/v0/nodes?limit=10000")
+        try:
+            listed = json.loads(text)["data"]["result"]["result"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ServeApiError(f"unexpected answer from the state API: {text[:200]}") from exc
+        return [n for n in listed if isinstance(n, dict)]
+
     def applications(self) -> dict[str, AppInfo]:
         return parse_applications(self.details())
 

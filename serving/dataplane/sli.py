@@ -112,6 +112,7 @@ class SliRecorder:
 
     def __init__(self, app: str, group: str, version: str, replica: str) -> None:
         self.app, self.group, self.version, self.replica = app, group, version, replica
+        self.node = ray_node_id()
         self.current = SliWindow()
         self.totals = SliWindow()
         self.last: dict[str, Any] | None = None
@@ -127,11 +128,24 @@ class SliRecorder:
             "version": self.version,
             "replica": self.replica,
             "pid": os.getpid(),
+            "node": self.node,  # the Ray node: pids are matched on their own node
             "window": window,
             "totals": self.totals.as_dict(now),
             "kv": kv or {},
         }
         return self.last
+
+
+def ray_node_id() -> str | None:
+    """The Ray node this process runs on; None outside a Ray worker (tests, the portal)."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    try:
+        return str(ray.get_runtime_context().get_node_id()) if ray.is_initialized() else None
+    except Exception:  # an odd runtime context: no node, pids are matched as before
+        return None
 
 
 def sli_key(prefix: str, app: str, group: str) -> str:

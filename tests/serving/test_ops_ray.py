@@ -451,3 +451,60 @@ def test_gpu_processes_are_attributed_to_real_replica_pids(
     mine = result["views"][tenant_group(world_a.tenant.pk)]
     assert {p["replica"] for p in mine["processes"]} == set(pids.values())
     assert mine["kv"]["assistant"][0]["blocks_total"] > 0  # the engine's real KV pool
+
+    # The replicas say which Ray node they run on: pids are matched on their own node.
+    nodes = {p["node"] for p in published}
+    assert len(nodes) == 1 and all(nodes), nodes
+    (ray_node,) = nodes
+
+    # GPU_AGENT_MODE=ray: the same reconcile declares one sampler per node (one node here,
+    # no GPU: the labelled simulation), and the relay turns its stream into the tenant's.
+    from channels.layers import get_channel_layer
+
+    from serving.control.compile import GPU_NODES_APP
+    from serving.gpu_relay import Relay
+    from serving.telemetry.nodes import node_stream, nodes_key
+
+    monkeypatch.setattr(settings, "GPU_AGENT_MODE", "ray")
+    monkeypatch.setattr(settings, "GPU_AGENT_SIMULATE", True)
+    r.delete(nodes_key(settings.SLI_KEY_PREFIX))
+    control.reconcile(target=ray_cluster.target, client=client)
+    client.wait_until([GPU_NODES_APP], timeout=120)
+    (sampler,) = client.replicas(GPU_NODES_APP)
+    assert sampler.node_id == ray_node  # on the node it samples
+    deadline = time.monotonic() + 60
+    reports: dict[bytes, bytes] = {}
+    while not reports and time.monotonic() < deadline:
+        reports = r.hgetall(nodes_key(settings.SLI_KEY_PREFIX))
+        time.sleep(0.2)
+    (report,) = [json.loads(v) for v in reports.values()]
+    assert report["ray_node"] == ray_node and report["simulated"] is True, report
+    assert control.gpu_nodes_changed(client, client.applications()) is False
+
+    async def relay_once() -> dict[str, Any]:
+        import redis.asyncio as aioredis
+
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(tenant_group(world_a.tenant.pk), channel)
+        relay = Relay(layer=layer, redis_client=aioredis.Redis.from_url(settings.REDIS_URL),
+                      persist=False)  # fmt: skip
+        try:
+            assert await relay.discover() == [node_stream(settings.SLI_KEY_PREFIX,
+                                                          report["node"])]  # fmt: skip
+            while not await relay.step(block_ms=3000):
+                pass
+            # The first sample hosts the replicas on the simulated devices; take a later one.
+            message = await layer.receive(channel)
+            await relay.step(block_ms=3000)
+            message = await layer.receive(channel)
+            return json.loads(message["data"])
+        finally:
+            await layer.group_discard(tenant_group(world_a.tenant.pk), channel)
+            for agent in relay.agents.values():
+                await agent.log.aclose()
+            await relay.redis.aclose()
+
+    view = async_to_sync(relay_once)()
+    assert view["simulated"] is True and view["node"] == report["node"]
+    assert {p["replica"] for p in view["processes"]} == set(pids.values())

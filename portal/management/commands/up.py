@@ -142,8 +142,8 @@ class Command(BaseCommand):
         from serving.tasks import reconcile
 
         try:
-            if not has_deployments():
-                return
+            if not has_deployments() and settings.GPU_AGENT_MODE != "ray":
+                return  # (in ray mode the GPU samplers are declared even without deployments)
             reconcile.delay()
         except Exception as exc:  # a broker hiccup must not stop the portal
             self.stderr.write(f"[up] could not enqueue a reconcile of the deployments: {exc}")
@@ -182,7 +182,10 @@ class Command(BaseCommand):
             web.append("--gpu-agent")
         parts.append(Part("web", web))
         if agent and settings.REDIS_URL:
-            parts.append(Part("gpu-agent", [py, "manage.py", "gpu_agent"]))
+            # GPU_AGENT_MODE=ray: the samplers run in Ray (declared with the deployments);
+            # this part relays them. Otherwise this machine's own agent.
+            relay = ["--relay"] if settings.GPU_AGENT_MODE == "ray" else []
+            parts.append(Part("gpu-agent", [py, "manage.py", "gpu_agent", *relay]))
         if not opts["no_worker"]:
             parts.append(
                 Part(

@@ -90,7 +90,7 @@ class Sampler:
                     self._stop.wait(NO_GPU_RETRY_S)
             period = 1.0 / self.hz
             processes: list[dict[str, Any]] = []
-            processes_at = float("-inf")
+            processes_at = reported_at = float("-inf")
             next_at = time.monotonic()
             stream = node_stream(self.prefix, self.node)
             while provider is not None and not self._stop.is_set():
@@ -112,8 +112,9 @@ class Sampler:
                     pipe.execute()
                     self.samples += 1
                     self.error = None
-                    if self.samples % max(1, int(self.hz)) == 1:  # about once a second
+                    if time.monotonic() - reported_at >= 1.0:  # about once a second
                         self._report(client, provider)
+                        reported_at = time.monotonic()
                 except Exception as exc:  # an NVML hiccup, Redis away: the next period again
                     self.error = f"{type(exc).__name__}: {exc}"[:300]
                     logger.warning("GPU sampler on %s: %s", self.node, self.error)

@@ -96,6 +96,16 @@ def test_the_sampler_streams_its_nodes_gpus_labelled_simulated() -> None:
     assert ats == sorted(ats)
     report = json.loads(client.hget(nodes_key(prefix), sampler.node) or b"{}")
     assert report["provider"] == "simulated" and report["error"] is None
+    # One sample a second: it reports at once (and then about every second), too.
+    client.delete(nodes_key(prefix))
+    slow = Sampler(redis_url=settings.REDIS_URL, prefix=prefix, hz=1, simulate=True).start()
+    try:
+        deadline = time.monotonic() + 5
+        while not client.hget(nodes_key(prefix), slow.node):
+            assert time.monotonic() < deadline, "a 1 Hz sampler never reported"
+            time.sleep(0.05)
+    finally:
+        slow.stop()
     # Without simulation and without a GPU it says so, and the deployment stays healthy.
     quiet = Sampler(redis_url=settings.REDIS_URL, prefix=prefix, hz=20, simulate=False).start()
     try:

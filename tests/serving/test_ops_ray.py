@@ -492,8 +492,9 @@ def test_gpu_processes_are_attributed_to_real_replica_pids(
         try:
             assert await relay.discover() == [node_stream(settings.SLI_KEY_PREFIX,
                                                           report["node"])]  # fmt: skip
+            deadline = time.monotonic() + 30
             while not await relay.step(block_ms=3000):
-                pass
+                assert time.monotonic() < deadline, "the node's sampler streamed nothing"
             # The first sample hosts the replicas on the simulated devices; take a later one.
             message = await layer.receive(channel)
             await relay.step(block_ms=3000)

@@ -187,11 +187,8 @@ def _revert(run: DrillRun, now: float) -> float | None:
                          after={"fault": run.fault})  # fmt: skip
             _event(run, "reverted", message)
         else:
-            _event(run, "left_to_ttl", "the steady state never deviated: the fault is left "
-                   "to its TTL (revert: deviated)")  # fmt: skip
-        run.reverted_at = _dt(now)
-        drill_faults.guarded(run, "wind_down", lambda: active.wind_down(run, now), None)
-        return STEP_S
+            _left_to_ttl(run)
+        return _reverted(run, active, now)
     if run.reverted_at is None:
         group = run.snapshot["group"]
         revision = run.deployment.current_revision
@@ -208,14 +205,11 @@ def _revert(run: DrillRun, now: float) -> float | None:
             )  # fmt: skip
             _event(run, "reverted", f"fault removed (revision {run.revert_revision.number})")
         elif ours:
-            _event(run, "left_to_ttl", "the steady state never deviated: the fault is left "
-                   "to its TTL (revert: deviated)")  # fmt: skip
+            _left_to_ttl(run)
         else:
             _event(run, "already_gone", "the fault is no longer in the deployment (a rollback "
                    "or another change removed it)")  # fmt: skip
-        run.reverted_at = _dt(now)
-        drill_faults.guarded(run, "wind_down", lambda: active.wind_down(run, now), None)
-        return STEP_S
+        return _reverted(run, active, now)
     drill_faults.guarded(run, "wind_down", lambda: active.wind_down(run, now), None)
     _note_detection(run, now)
     held, results = steady_state(run, now)
@@ -246,6 +240,18 @@ def _revert(run: DrillRun, now: float) -> float | None:
             "detected and recovered" if run.deviated else "the steady state held throughout",
         )
     return None
+
+
+def _left_to_ttl(run: DrillRun) -> None:
+    _event(run, "left_to_ttl", "the steady state never deviated: the fault is left to its TTL "
+           "(revert: deviated)")  # fmt: skip
+
+
+def _reverted(run: DrillRun, active: drill_faults.ActiveFault, now: float) -> float:
+    """The revert step is done (or the fault left to its TTL): wind the fault's own work down."""
+    run.reverted_at = _dt(now)
+    drill_faults.guarded(run, "wind_down", lambda: active.wind_down(run, now), None)
+    return STEP_S
 
 
 def _finish(run: DrillRun, status: str, verdict: str) -> None:

@@ -86,6 +86,7 @@ class Relay:
         self.layer, self.redis, self.persist = layer, redis_client, persist
         self.prefix = settings.SLI_KEY_PREFIX
         self.agents: dict[str, GpuAgent] = {}
+        self.idle: dict[str, GpuAgent] = {}  # nodes whose sampler reports no GPU, no samples
         self.providers: dict[str, RemoteProvider] = {}
         self.cursors: dict[str, str] = {}  # stream -> last entry read
         self.samples = 0
@@ -103,13 +104,14 @@ class Relay:
                 report = json.loads(raw)
             except ValueError:
                 continue
-            agent = self.agents.get(node)
-            if agent is None and report.get("error") and not report.get("samples"):
-                idle = GpuAgent(AgentConfig(node=node, persist=False), layer=None,
-                                redis_client=self.redis)  # fmt: skip
+            if node not in self.agents and report.get("error") and not report.get("samples"):
+                idle = self.idle.get(node)
+                if idle is None:  # one per silent node, kept: its status is renewed each time
+                    idle = GpuAgent(AgentConfig(node=node, persist=False), layer=None,
+                                    redis_client=self.redis)  # fmt: skip
+                    self.idle[node] = idle
                 idle.error = str(report["error"])
                 await idle._report_status()
-                await idle.log.aclose()
         return sorted(self.cursors)
 
     def _agent(self, node: str, sample: dict[str, Any]) -> GpuAgent:
@@ -165,5 +167,5 @@ class Relay:
                     logger.exception("GPU relay: reading the node streams failed")
                     await asyncio.sleep(1.0)
         finally:
-            for agent in self.agents.values():
+            for agent in [*self.agents.values(), *self.idle.values()]:
                 await agent.log.aclose()

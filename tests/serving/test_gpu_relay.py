@@ -220,7 +220,11 @@ def test_a_node_without_a_gpu_is_reported_with_its_reason(world_a: TenantWorld) 
         relay = Relay(layer=None, redis_client=aioredis.Redis.from_url(settings.REDIS_URL))
         try:
             await relay.discover()
+            await relay.discover()  # again: the same idle agent renews the status
+            assert list(relay.idle) == ["cpu-node"]
         finally:
+            for agent in relay.idle.values():
+                await agent.log.aclose()
             await relay.redis.aclose()
 
     async_to_sync(scenario)()

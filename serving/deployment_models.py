@@ -45,6 +45,12 @@ class SharedPool(models.Model):
     kv_blocks = models.PositiveIntegerField(default=1024, validators=[MinValueValidator(16)])
     block_size = models.PositiveIntegerField(default=16, validators=[MinValueValidator(1)])
     is_active = models.BooleanField(default=True)
+    # Platform decides who shares a pool: a tenant joins only if it is listed here.
+    allowed_tenants = models.ManyToManyField("tenants.Tenant", blank=True, related_name="+")
+    # Fair share: no pool tenant's block quota exceeds kv_blocks / min_tenants, and no tenant
+    # runs more than max_num_seqs / min_tenants sequences at once.
+    min_tenants = models.PositiveIntegerField(default=4, validators=[MinValueValidator(1)])
+    max_num_seqs = models.PositiveIntegerField(default=32, validators=[MinValueValidator(1)])
     created_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self) -> str:

@@ -76,6 +76,11 @@ class Quota(TenantOwned):
     max_gpus = models.PositiveIntegerField(default=1)
     max_kv_blocks = models.PositiveIntegerField(default=4096)
     requests_per_second = models.PositiveIntegerField(default=20, validators=[MinValueValidator(1)])
+    # Bytes of model artifacts the tenant may keep, counted unpacked (an archive is charged
+    # what it expands to, before it is written).
+    max_storage_bytes = models.PositiveBigIntegerField(default=10 * 2**30)
+    max_drills = models.PositiveIntegerField(default=10)
+    max_concurrent_drill_runs = models.PositiveIntegerField(default=1)
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -40,6 +40,9 @@ PLAN_QUOTAS: dict[str, dict[str, int]] = {
         "max_gpus": 1,
         "max_kv_blocks": 4096,
         "requests_per_second": 20,
+        "max_storage_bytes": 10 * 2**30,
+        "max_drills": 10,
+        "max_concurrent_drill_runs": 1,
     },
     Plan.TEAM: {
         "max_deployments": 20,
@@ -47,6 +50,9 @@ PLAN_QUOTAS: dict[str, dict[str, int]] = {
         "max_gpus": 8,
         "max_kv_blocks": 65536,
         "requests_per_second": 100,
+        "max_storage_bytes": 200 * 2**30,
+        "max_drills": 50,
+        "max_concurrent_drill_runs": 3,
     },
     Plan.ENTERPRISE: {
         "max_deployments": 200,
@@ -54,6 +60,9 @@ PLAN_QUOTAS: dict[str, dict[str, int]] = {
         "max_gpus": 64,
         "max_kv_blocks": 1048576,
         "requests_per_second": 500,
+        "max_storage_bytes": 2 * 2**40,
+        "max_drills": 200,
+        "max_concurrent_drill_runs": 10,
     },
 }
 QUOTA_FIELDS = tuple(PLAN_QUOTAS[Plan.FREE])

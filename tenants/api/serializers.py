@@ -113,6 +113,9 @@ class QuotaSerializer(serializers.ModelSerializer):
             "max_gpus",
             "max_kv_blocks",
             "requests_per_second",
+            "max_storage_bytes",
+            "max_drills",
+            "max_concurrent_drill_runs",
             "updated_at",
         ]
         read_only_fields = ["id", "updated_at"]

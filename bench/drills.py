@@ -261,7 +261,7 @@ class Bench:
             path=str(write_tiny_checkpoint(self.work / "canary", seed=7)),
         )
         self.v2 = registry.version_validate(tenant=self.tenant, version_id=version.pk)
-        self.app = f"{self.tenant.slug}--assistant"
+        self.app = f"{self.tenant.slug}.assistant"
         self.url = f"{self.target.serve_url}/{self.tenant.slug}/assistant/v1/completions"
 
     def reconcile(self, present: list[str], absent: list[str]) -> None:
@@ -306,7 +306,7 @@ class Bench:
                 changes=changes,
                 reason=f"bench: prepare the {group} slot",
             )
-            canary = f"{self.app}--canary"
+            canary = f"{self.app}.canary"
             if group == "canary":
                 self.reconcile([self.app, canary], [])
             else:

@@ -170,7 +170,7 @@ def one_run(ctx: dict[str, Any], index: int) -> dict[str, Any]:
     )  # fmt: skip
     control.reconcile(target=ctx["target"], client=client)
     try:
-        client.wait_until([app, f"{app}--canary"], timeout=120)
+        client.wait_until([app, f"{app}.canary"], timeout=120)
     except Exception:
         from incidents.models import SlaBreach
 
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
 
         client = target.serve_client()
         control.reconcile(target=target, client=client)
-        app = f"{world.tenant.slug}--chat"
+        app = f"{world.tenant.slug}.chat"
         client.wait_until([app], timeout=180)
         clients = Clients(f"{target.serve_url}/{world.tenant.slug}/chat/v1/completions", key)
         ctx = {

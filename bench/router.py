@@ -111,7 +111,7 @@ def config(port: int) -> dict[str, Any]:
     )
     compiled = compile_config([spec], http_port=port)
     for app in compiled["applications"]:
-        if app["name"].endswith("--canary"):
+        if app["name"].endswith(".canary"):
             app["import_path"] = "bench.router:build_echo_version"
             app["args"] = {}
         elif "local" in app["args"]:

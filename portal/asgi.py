@@ -13,6 +13,7 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from portal.bodylimit import BodyLimitMiddleware  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
@@ -20,8 +21,13 @@ from serving.artifacts import upload_body_limits  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        # Upload bodies are capped as they stream in (Django would spool any size to disk).
-        "http": BodyLimitMiddleware(django_asgi_app, limits=upload_body_limits()),
+        # Every body is capped as it streams in (Django would spool any size to disk): the
+        # upload routes at their own limit, every other route at REQUEST_BODY_MAX_BYTES.
+        "http": BodyLimitMiddleware(
+            django_asgi_app,
+            limits=upload_body_limits(),
+            default=lambda: int(settings.REQUEST_BODY_MAX_BYTES),
+        ),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

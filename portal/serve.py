@@ -1,7 +1,8 @@
 """Run the ASGI app under uvicorn with the portal's log redaction on every uvicorn handler.
 
 Access logs carry request paths (invitation links hold a secret), so they pass through the
-same RedactSecretsFilter as the portal's own logs. Used by `manage.py up` and in production.
+same RedactSecretsFilter as the portal's own logs; WebSocket messages are capped at
+WS_MAX_BYTES. Used by `manage.py up` and in production.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import os
 from typing import Any
 
 import uvicorn
@@ -21,6 +23,15 @@ def log_config() -> dict[str, Any]:
     for handler in config["handlers"].values():
         handler["filters"] = ["redact_secrets"]
     return config
+
+
+def ws_max_size() -> int:
+    """The largest WebSocket message a client may send (WS_MAX_BYTES; uvicorn's 16 MiB default
+    is far more than the one-way streams need)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    from django.conf import settings
+
+    return int(settings.WS_MAX_BYTES)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         server_header=False,
         proxy_headers=True,
         log_config=log_config(),
+        ws_max_size=ws_max_size(),
     )
 
 
@@ -59,7 +71,7 @@ async def serve_with_agent(host: str, port: int) -> None:
 
     config = uvicorn.Config(
         application, host=host, port=port, lifespan="off", server_header=False,
-        proxy_headers=True, log_config=log_config(),
+        proxy_headers=True, log_config=log_config(), ws_max_size=ws_max_size(),
     )  # fmt: skip
     agent_config = AgentConfig(hz=settings.GPU_AGENT_HZ, simulate=settings.GPU_AGENT_SIMULATE)
     if settings.GPU_AGENT_NODE:

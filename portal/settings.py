@@ -8,8 +8,6 @@ limits). PORTAL_ENV=production turns on the hardened settings and requires a rea
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 import tempfile
 from datetime import timedelta
@@ -17,6 +15,8 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from portal import secrets as portal_secrets
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -63,10 +63,14 @@ PORTAL_ENV = env_str("PORTAL_ENV", "development")
 PRODUCTION = PORTAL_ENV == "production"
 DATA_DIR = Path(env_str("PORTAL_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 
-DEV_SECRET_KEY = "django-insecure-embedded-development-key-do-not-use-in-production"  # noqa: S105 (embedded dev only; refused in production)
-SECRET_KEY = env_str("SECRET_KEY", "" if PRODUCTION else DEV_SECRET_KEY)
-if PRODUCTION and (not SECRET_KEY or SECRET_KEY == DEV_SECRET_KEY):
+# Never a constant: production takes it from the environment; elsewhere it is random, made on
+# the first run and kept in the data dir (0600), so the web, worker and beat processes agree.
+SECRET_KEY_FILE = Path(env_str("SECRET_KEY_FILE", str(DATA_DIR / "secret_key"))).resolve()
+SECRET_KEY = env_str("SECRET_KEY", "")
+if PRODUCTION and (len(SECRET_KEY) < 32 or SECRET_KEY.startswith("django-insecure")):
     raise ImproperlyConfigured("SECRET_KEY must be set to a long random value in production")
+if not SECRET_KEY:
+    SECRET_KEY = portal_secrets.secret_key(SECRET_KEY_FILE)
 
 DEBUG = env_bool("DEBUG", not PRODUCTION)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]"])
@@ -328,11 +332,15 @@ API_TOKEN_CACHE_SECONDS = env_int("API_TOKEN_CACHE_SECONDS", 10)
 INVITATION_TTL = timedelta(days=env_int("INVITATION_TTL_DAYS", 7))
 RATE_LIMIT_BURST_SECONDS = env_int("RATE_LIMIT_BURST_SECONDS", 1)
 RATE_LIMIT_KEY_PREFIX = env_str("RATE_LIMIT_KEY_PREFIX", "portal:rl")
-# Prefix-cache salts are HMAC(KV_CACHE_SECRET, tenant id), derived here, sent to replicas.
-KV_CACHE_SECRET = (
-    env_str("KV_CACHE_SECRET", "")
-    or hmac.new(SECRET_KEY.encode(), b"kv-cache-salt", hashlib.sha256).hexdigest()
-)
+# Prefix-cache salts (HMAC of the current KV secret and the tenant id) and probe keys come
+# from the KV secret, kept apart from SECRET_KEY so that it can be rotated on its own
+# (`manage.py rotate_kv_secret`, portal.secrets): from the environment (KV_CACHE_SECRET, and
+# KV_CACHE_SECRET_PREVIOUS during a rotation's grace), else from KV_SECRET_FILE, made on first
+# use and re-read by every process when it changes. The data dir must be shared by the web,
+# worker and beat processes (or set the environment variables on all of them).
+KV_CACHE_SECRET = env_str("KV_CACHE_SECRET", "")
+KV_CACHE_SECRET_PREVIOUS = env_str("KV_CACHE_SECRET_PREVIOUS", "")
+KV_SECRET_FILE = Path(env_str("KV_SECRET_FILE", str(DATA_DIR / "kv_secret"))).resolve()
 SLI_KEY_PREFIX = env_str("SLI_KEY_PREFIX", "portal")
 # The GPU agent (serving.gpu_agent): samples a second, the node's name, and whether a machine
 # without a GPU streams the simulated provider (labelled simulated on every chart; `make up`
@@ -371,6 +379,13 @@ RATE_LIMIT_LEASE_MS = env_int("RATE_LIMIT_LEASE_MS", 100)
 # the store); production has no default roots, so registering by path is off until set.
 ARTIFACT_STORE_DIR = Path(env_str("ARTIFACT_STORE_DIR", str(DATA_DIR / "artifacts"))).resolve()
 ARTIFACT_UPLOAD_MAX_BYTES = env_int("ARTIFACT_UPLOAD_MAX_BYTES", 2 * 1024**3)
+# Every other request body (API JSON, forms, contract YAML): portal.bodylimit caps it in ASGI
+# as it streams in; Django's own limit says the same under WSGI (tests, runserver).
+REQUEST_BODY_MAX_BYTES = env_int("REQUEST_BODY_MAX_BYTES", 1024**2)
+DATA_UPLOAD_MAX_MEMORY_SIZE = REQUEST_BODY_MAX_BYTES
+# WebSocket frames: the portal's streams are one-way, so a client has nothing large to send
+# (uvicorn's default is 16 MiB a message; portal.serve passes this instead).
+WS_MAX_BYTES = env_int("WS_MAX_BYTES", 16 * 1024)
 ARTIFACT_LOCAL_ROOTS = [
     Path(root).resolve()
     for root in env_list(

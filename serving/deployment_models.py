@@ -10,6 +10,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.utils import timezone
 
+from serving.control.names import deployment_app, pool_app, slot_app
 from tenants.scoping import TenantOwned
 
 # "serving.ModelVersion" by name: serving.models imports this module at its end.
@@ -108,6 +109,22 @@ class Deployment(TenantOwned):
     @property
     def is_live(self) -> bool:
         return self.deleted_at is None
+
+    @property
+    def serve_app(self) -> str:
+        """The Serve application of the router (every slot's replicas publish under it);
+        raises names.BadName for a tenant slug the naming scheme cannot carry."""
+        return deployment_app(self.tenant.slug, self.name)
+
+    def serve_apps(self, revision: DeploymentRevision) -> tuple[list[str], list[str]]:
+        """(the deployment's own applications, the shared ones it uses) under `revision`:
+        the router, which serves a dedicated stable slot in-process, and the canary; or a
+        shared pool's application."""
+        base = self.serve_app
+        if revision.kv_mode == KvMode.SHARED and revision.pool is not None:
+            return [base], [pool_app(revision.pool.name)]
+        canary = [slot_app(self.tenant.slug, self.name, "canary")]
+        return [base] + (canary if revision.canary_version_id else []), []
 
 
 # Fields of a revision that are desired state (copied into the next revision, never edited).
@@ -241,6 +258,9 @@ class ReconcileLock(models.Model):
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     last_digest = models.CharField(max_length=64, blank=True)
     last_applied_at = models.DateTimeField(null=True, blank=True)
+    # What Serve was last given, application by application: an application Serve refuses
+    # keeps this (its last good) config while every other change applies.
+    applied_config = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return "reconcile lock"

@@ -33,6 +33,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
+from serving.control.names import BadName, deployment_app
 from serving.telemetry.provider import DeviceSample, GpuProcess, NoGpu, Provider, open_provider
 
 logger = logging.getLogger(__name__)
@@ -413,13 +414,17 @@ def _store(devices: list[Any], processes: list[Any]) -> None:
 
 
 def owners_map() -> dict[str, Owner]:
-    """Serve app name (`<tenant slug>--<deployment>`) -> owner, for every live deployment."""
+    """Serve app name (`<tenant slug>.<deployment>`) -> owner, for every live deployment."""
     from serving.deployment_models import Deployment
 
     rows = Deployment.objects.filter(deleted_at__isnull=True).values_list(
         "tenant_id", "tenant__slug", "pk", "name"
     )
-    return {f"{slug}--{name}": Owner(t, slug, pk, name) for t, slug, pk, name in rows}
+    owners = {}
+    for tenant_id, slug, pk, name in rows:
+        with contextlib.suppress(BadName):  # never compiled, so no replica publishes it
+            owners[deployment_app(slug, name)] = Owner(tenant_id, slug, pk, name)
+    return owners
 
 
 def _live_deployments() -> list[tuple[int, str]]:
@@ -428,8 +433,11 @@ def _live_deployments() -> list[tuple[int, str]]:
     from serving.health import PROBE_STATUSES
 
     rows = Deployment.objects.filter(deleted_at__isnull=True, status__in=PROBE_STATUSES)
-    return [(pk, f"{slug}--{name}") for pk, slug, name in
-            rows.values_list("pk", "tenant__slug", "name")]  # fmt: skip
+    live = []
+    for pk, slug, name in rows.values_list("pk", "tenant__slug", "name"):
+        with contextlib.suppress(BadName):
+            live.append((pk, deployment_app(slug, name)))
+    return live
 
 
 # --- the agent ------------------------------------------------------------------------------

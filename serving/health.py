@@ -61,7 +61,7 @@ class Target:
 
     @property
     def app(self) -> str:
-        return f"{self.deployment.tenant.slug}--{self.deployment.name}"
+        return self.deployment.serve_app
 
     def version(self, group: str) -> str:
         """The label the slot's replicas publish (`<model>:<version label>`)."""

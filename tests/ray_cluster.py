@@ -115,7 +115,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
 @pytest.fixture(autouse=True)
 def _serve_apps_removed_after_ray_tests(request: pytest.FixtureRequest) -> Iterator[None]:
     """A Ray test's applications leave with it: live replicas would otherwise keep publishing
-    SLI values under app names (`acme--assistant`) that later tests' worlds use again."""
+    SLI values under app names (`acme.assistant`) that later tests' worlds use again."""
     yield
     if "ray_cluster" not in request.fixturenames:
         return

@@ -2,15 +2,17 @@
 
 Per portal deployment, one or two Serve applications:
 
-* `<key>`: the router (ingress on `/<tenant-slug>/<deployment>`), user_config = keys, split,
+* `<slug>.<deployment>`: the router (ingress on `/<slug>/<deployment>`), user_config = keys, split,
   guard, breaker. A dedicated deployment's stable slot runs inside the router's replicas
   (init arg `local`, user_config `local`), so stable traffic pays no extra actor hop; the
   router's replicas are the stable slot's (count or autoscaling, CPUs/GPUs);
-* `<key>--canary`: the canary's version server without an HTTP route, reached by handle.
+* `<slug>.<deployment>.canary`: the canary's version server without an HTTP route, reached by
+  handle.
 
 A version slot's user_config says which weights (artifact, fingerprint), the tenant's cache
 salt and block quota, and its faults. A shared deployment's router stays a thin router in
-front of the pool's application (`pool--<name>`).
+front of the pool's application (`platform.<pool>.pool`). Every name comes from
+`serving.control.names`, whose scheme cannot collide whatever the tenants' names.
 
 Everything a rollout or rollback changes lives in user_config, so Serve reconfigures live
 replicas instead of restarting them. Only replica shape (count, CPUs/GPUs, engine sizes,
@@ -23,6 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from serving.control import names
+from serving.control.names import GPU_NODES_APP as GPU_NODES_APP  # re-exported
+
 ROUTER_IMPORT = "serving.dataplane.app:build_router"
 # Our replicas never block their event loop (the engine steps in its own thread), so user code
 # and the handle router run on the replica's main loop: measured in bench/router.py, this takes
@@ -33,8 +38,6 @@ SAME_LOOP_ENV = {
 }
 VERSION_IMPORT = "serving.dataplane.app:build_version"
 GPU_NODES_IMPORT = "serving.dataplane.gpu_node:build_gpu_nodes"
-# A dot: no tenant slug or deployment name has one, so no tenant's application takes the name.
-GPU_NODES_APP = "gpu-nodes.portal"
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ class PoolSpec:
 
     @property
     def app_name(self) -> str:
-        return f"pool--{self.name}"
+        return names.pool_app(self.name)
 
 
 @dataclass(frozen=True)
@@ -103,14 +106,18 @@ class DeploymentSpec:
     faults: dict[str, Any] = field(default_factory=dict)
     router_replicas: int = 1
     pool: str | None = None  # kv_mode "shared": the PoolSpec name serving this deployment
+    deployment_id: int = 0  # the portal's id (reconcile marks a refused deployment by it)
 
     @property
     def app_name(self) -> str:
-        return f"{self.tenant_slug}--{self.name}"
+        return names.deployment_app(self.tenant_slug, self.name)
+
+    def slot_app(self, group: str) -> str:
+        return names.slot_app(self.tenant_slug, self.name, group)
 
     @property
     def route_prefix(self) -> str:
-        return f"/{self.tenant_slug}/{self.name}"
+        return names.route_prefix(self.tenant_slug, self.name)
 
 
 def _scaling(spec: DeploymentSpec) -> dict[str, Any]:
@@ -162,7 +169,7 @@ def _version_app(
     spec: DeploymentSpec, group: str, slot: SlotSpec, telemetry: dict[str, Any]
 ) -> dict[str, Any]:
     return {
-        "name": f"{spec.app_name}--{group}",
+        "name": spec.slot_app(group),
         "route_prefix": None,
         "import_path": VERSION_IMPORT,
         "args": _version_args(spec, group, slot),
@@ -224,7 +231,7 @@ def _router_app(spec: DeploymentSpec, telemetry: dict[str, Any]) -> dict[str, An
         "stable": {"app": spec.app_name, "version": spec.stable.version, "local": True}
     }
     if spec.canary is not None:
-        groups["canary"] = {"app": f"{spec.app_name}--canary", "version": spec.canary.version}
+        groups["canary"] = {"app": spec.slot_app("canary"), "version": spec.canary.version}
     user_config: dict[str, Any] = {
         "tenant": spec.tenant_id,
         "deployment": spec.name,
@@ -239,7 +246,7 @@ def _router_app(spec: DeploymentSpec, telemetry: dict[str, Any]) -> dict[str, An
     if spec.pool is not None:
         user_config["canary_percent"] = 0
         user_config["groups"] = {
-            "stable": {"app": f"pool--{spec.pool}", "version": spec.stable.version}
+            "stable": {"app": names.pool_app(spec.pool), "version": spec.stable.version}
         }
         shape: dict[str, Any] = {
             "num_replicas": spec.router_replicas,
@@ -284,6 +291,42 @@ def _gpu_nodes_app(gpu: GpuNodesSpec, telemetry: dict[str, Any]) -> dict[str, An
     }
 
 
+def deployment_apps(spec: DeploymentSpec, telemetry: dict[str, Any]) -> list[dict[str, Any]]:
+    """One portal deployment's applications: its router, and a dedicated canary's server."""
+    apps = [_router_app(spec, telemetry)]
+    if spec.pool is None and spec.canary is not None:
+        apps.append(_version_app(spec, "canary", spec.canary, telemetry))
+    return apps
+
+
+def pool_apps(pool: PoolSpec, telemetry: dict[str, Any]) -> list[dict[str, Any]]:
+    return [_pool_app(pool, telemetry)]
+
+
+def gpu_nodes_apps(gpu: GpuNodesSpec | None, telemetry: dict[str, Any]) -> list[dict[str, Any]]:
+    return [_gpu_nodes_app(gpu, telemetry)] if gpu and gpu.nodes else []
+
+
+def assemble(
+    applications: list[dict[str, Any]],
+    *,
+    http_host: str = "127.0.0.1",
+    http_port: int = 8001,
+    runtime_env: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The declarative config around compiled applications (each gets the runtime env)."""
+    out = []
+    for app in applications:
+        env = dict(runtime_env or {})
+        env["env_vars"] = {**SAME_LOOP_ENV, **env.get("env_vars", {})}
+        out.append({**app, "runtime_env": env})
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": http_host, "port": http_port},
+        "applications": out,
+    }
+
+
 def compile_config(
     specs: list[DeploymentSpec],
     *,
@@ -297,24 +340,15 @@ def compile_config(
     """The whole Serve config: every active deployment, sorted by application name; with
     `gpu_nodes`, the GPU samplers' application first."""
     telemetry = dict(telemetry or {})
-    applications = [_gpu_nodes_app(gpu_nodes, telemetry)] if gpu_nodes and gpu_nodes.nodes else []
-    applications += [_pool_app(p, telemetry) for p in sorted(pools or [], key=lambda p: p.name)]
+    applications = gpu_nodes_apps(gpu_nodes, telemetry)
+    for pool in sorted(pools or [], key=lambda p: p.name):
+        applications += pool_apps(pool, telemetry)
     known_pools = {p.name for p in pools or []}
     for spec in sorted(specs, key=lambda s: s.app_name):
         if spec.pool is not None and spec.pool not in known_pools:
             raise ValueError(f"{spec.app_name}: shared pool {spec.pool!r} is not configured")
-        applications.append(_router_app(spec, telemetry))
-        if spec.pool is None and spec.canary is not None:
-            applications.append(_version_app(spec, "canary", spec.canary, telemetry))
-    for app in applications:
-        env = dict(runtime_env or {})
-        env["env_vars"] = {**SAME_LOOP_ENV, **env.get("env_vars", {})}
-        app["runtime_env"] = env
-    return {
-        "proxy_location": "HeadOnly",
-        "http_options": {"host": http_host, "port": http_port},
-        "applications": applications,
-    }
+        applications += deployment_apps(spec, telemetry)
+    return assemble(applications, http_host=http_host, http_port=http_port, runtime_env=runtime_env)
 
 
 def restart_free(old: dict[str, Any], new: dict[str, Any]) -> bool:

@@ -9,6 +9,7 @@ back into the deployments (deploying, running, unhealthy, failed with Serve's me
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -21,15 +22,19 @@ from django.db import transaction
 from django.utils import timezone
 
 from serving import artifacts
+from serving.control import isolate
 from serving.control.cluster import RayTarget, ray_target_from_env
 from serving.control.compile import (
-    GPU_NODES_APP,
     DeploymentSpec,
     GpuNodesSpec,
     PoolSpec,
     SlotSpec,
     compile_config,
+    deployment_apps,
+    gpu_nodes_apps,
+    pool_apps,
 )
+from serving.control.names import GPU_NODES_APP, BadName
 from serving.control.serve_api import AppInfo, AppStatus, ServeApiClient
 from serving.dataplane.keys import hash_key
 from serving.deployment_models import (
@@ -48,17 +53,33 @@ logger = logging.getLogger(__name__)
 
 
 def cache_salt_hex(tenant_id: int) -> str:
-    """The tenant's prefix-cache salt: HMAC of the server's secret and the tenant id."""
-    secret = settings.KV_CACHE_SECRET.encode()
-    return hmac.new(secret, f"tenant:{tenant_id}".encode(), hashlib.sha256).hexdigest()
+    """The tenant's prefix-cache salt: HMAC of the current KV secret and the tenant id (only
+    the current one: a rotation leaves every older prefix-cache block unreachable)."""
+    from portal.secrets import kv_secret
+
+    return hmac.new(kv_secret(), f"tenant:{tenant_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def _probe_key_under(secret: bytes, deployment_id: int) -> str:
+    digest = hmac.new(secret, f"probe:{deployment_id}".encode(), hashlib.sha256).hexdigest()
+    return f"ik_probe_{digest[:40]}"
 
 
 def probe_key(deployment_id: int) -> str:
     """The health checker's inference key for a deployment, derived (never stored): the
-    portal can always recompute it, and only its hash reaches the router."""
-    secret = settings.KV_CACHE_SECRET.encode()
-    digest = hmac.new(secret, f"probe:{deployment_id}".encode(), hashlib.sha256).hexdigest()
-    return f"ik_probe_{digest[:40]}"
+    portal can always recompute it, and only its hash reaches the router. Derived from the
+    oldest KV secret still accepted, whose hash the router already holds during a rotation."""
+    from portal.secrets import probe_secret
+
+    return _probe_key_under(probe_secret(), deployment_id)
+
+
+def probe_key_hashes(deployment_id: int) -> list[str]:
+    """The hashes the router accepts for the probe: the probe key under every accepted KV
+    secret (current first, then the previous one during a rotation's grace)."""
+    from portal.secrets import kv_secrets
+
+    return [hash_key(_probe_key_under(secret, deployment_id)) for secret in kv_secrets()]
 
 
 def _slot(version: ModelVersion) -> SlotSpec:
@@ -78,6 +99,7 @@ def _spec(deployment: Deployment, revision: DeploymentRevision) -> DeploymentSpe
     tenant = deployment.tenant
     canary = revision.canary_version
     return DeploymentSpec(
+        deployment_id=deployment.pk,
         tenant_id=str(tenant.pk),
         tenant_slug=tenant.slug,
         name=deployment.name,
@@ -95,7 +117,7 @@ def _spec(deployment: Deployment, revision: DeploymentRevision) -> DeploymentSpe
         block_size=revision.block_size,
         quota_blocks=None,
         cache_salt_hex=cache_salt_hex(tenant.pk),
-        key_hashes=(*revision.key_hashes, hash_key(probe_key(deployment.pk))),
+        key_hashes=(*revision.key_hashes, *probe_key_hashes(deployment.pk)),
         guard=revision.guard,
         breaker=revision.breaker,
         faults=revision.faults,
@@ -186,6 +208,39 @@ def compiled_config(
     return config, revision_ids
 
 
+def plan(
+    target: RayTarget, client: ServeApiClient | None = None
+) -> tuple[isolate.Plan, dict[str, int]]:
+    """The desired state as units (each deployment, each pool, the GPU samplers), compiled one
+    by one so that one that cannot be compiled is refused alone; also each deployment unit's
+    revision id."""
+    specs, pools, revision_ids = desired_state()
+    http = dict(target.serve_http_options) or {"host": "127.0.0.1", "port": 8001}
+    result = isolate.Plan(http_host=str(http.get("host", "127.0.0.1")),
+                          http_port=int(http.get("port", 8001)))  # fmt: skip
+    telemetry = _telemetry()
+    gpu = gpu_nodes_spec(client or target.serve_client())
+    if gpu is not None and gpu.nodes:
+        result.add(isolate.GPU_UNIT, "0", lambda: gpu_nodes_apps(gpu, telemetry))
+    known: set[str] = set()
+    for pool in pools:
+        known.add(pool.name)
+        result.add(isolate.pool_unit(pool.name), f"1:{pool.name}",
+                   functools.partial(pool_apps, pool, telemetry))  # fmt: skip
+    revisions: dict[str, int] = {}
+    for spec, revision_id in zip(specs, revision_ids, strict=True):
+        key = isolate.deployment_unit(spec.deployment_id)
+        revisions[key] = revision_id
+
+        def build(spec: DeploymentSpec = spec) -> list[dict[str, Any]]:
+            if spec.pool is not None and spec.pool not in known:
+                raise ValueError(f"shared pool {spec.pool!r} is not configured")
+            return deployment_apps(spec, telemetry)
+
+        result.add(key, f"2:{spec.tenant_slug}/{spec.name}", build)
+    return result, revisions
+
+
 def gpu_nodes_changed(client: ServeApiClient, apps: dict[str, AppInfo]) -> bool:
     """A node joined or left since the samplers were declared (the status refresh asks)."""
     spec = gpu_nodes_spec(client)
@@ -201,10 +256,18 @@ def digest(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
+def plan_digest(planned: isolate.Plan) -> str:
+    units = {key: unit.as_json() for key, unit in planned.units.items()}
+    return digest({"units": units, "refused": planned.refused,
+                   "http": [planned.http_host, planned.http_port]})  # fmt: skip
+
+
 def reconcile(
     *, target: RayTarget | None = None, client: ServeApiClient | None = None, force: bool = False
 ) -> ReconcileRun:
-    """Bring Serve to the desired state. Raises ServeApiError (the task retries it)."""
+    """Bring Serve to the desired state. An application Serve refuses is marked failed on its
+    deployment (keeping its last good config) while every other change applies. Raises
+    ServeApiError when Serve is unreachable or fails as a whole (the task retries it)."""
     target = target or ray_target_from_env()
     client = client or target.serve_client()
     started = time.monotonic()
@@ -213,23 +276,29 @@ def reconcile(
         with transaction.atomic():
             lock, _ = ReconcileLock.objects.get_or_create(id=1)
             lock = ReconcileLock.objects.select_for_update().get(id=1)
-            config, revision_ids = compiled_config(target, client)
-            run.config_digest = digest(config)
-            run.applications = len(config["applications"])
+            planned, revisions = plan(target, client)
+            run.config_digest = plan_digest(planned)
+            applied = isolate.units_from_json(lock.applied_config)
             running = {name for name in client.applications()}
-            wanted = {app["name"] for app in config["applications"]}
-            if not force and lock.last_digest == run.config_digest and running == wanted:
+            have = {app["name"] for unit in applied.values() for app in unit.apps}
+            if not force and lock.last_digest == run.config_digest and running == have and applied:
                 run.skipped = True
+                run.applications = len(have)
             else:
-                client.put(config)
+                outcome = isolate.apply_isolating(client, planned, applied, force=force)
                 now = timezone.now()
                 lock.last_digest, lock.last_applied_at = run.config_digest, now
-                lock.save(update_fields=["last_digest", "last_applied_at"])
-                for revision in DeploymentRevision.objects.filter(
-                    pk__in=revision_ids, applied_at__isnull=True
-                ):
-                    revision.applied_at = now
-                    revision.save(update_fields=["applied_at"])
+                lock.applied_config = {k: u.as_json() for k, u in outcome.applied.items()}
+                lock.save(update_fields=["last_digest", "last_applied_at", "applied_config"])
+                run.applications = sum(len(u.apps) for u in outcome.applied.values())
+                _record_outcome(outcome, revisions, now)
+                if outcome.refused:
+                    run.error = (
+                        "refused: "
+                        + "; ".join(
+                            f"{key}: {why}" for key, why in sorted(outcome.refused.items())
+                        )[:4000]
+                    )
         run.ok = True
     except Exception as exc:
         run.error = str(exc)[:4000]
@@ -239,6 +308,31 @@ def reconcile(
         run.duration_ms = (time.monotonic() - started) * 1000
         run.save()
     return run
+
+
+REFUSED = "REFUSED"
+
+
+def _record_outcome(outcome: isolate.Outcome, revisions: dict[str, int], now: Any) -> None:
+    """Stamp the revisions Serve took; mark the refused ones (and their deployments) failed
+    with the reason, on that deployment alone."""
+    taken = [rid for key, rid in revisions.items() if key not in outcome.refused]
+    DeploymentRevision.objects.filter(pk__in=taken, applied_at__isnull=True).update(applied_at=now)
+    DeploymentRevision.objects.filter(pk__in=taken, serve_status=REFUSED).update(
+        serve_status="", serve_message=""
+    )
+    for key, why in outcome.refused.items():
+        if key not in revisions:
+            logger.error("Serve refused platform application %s: %s", key, why)
+            continue
+        revision = DeploymentRevision.objects.select_related("deployment").get(pk=revisions[key])
+        message = f"Serve refused this revision; the last good one keeps serving. {why}"[:4000]
+        revision.serve_status, revision.serve_message = REFUSED, message
+        revision.save(update_fields=["serve_status", "serve_message"])
+        deployment = revision.deployment
+        deployment.status, deployment.status_message = DeploymentStatus.FAILED, message
+        deployment.status_at = now
+        deployment.save(update_fields=["status", "status_message", "status_at"])
 
 
 _STATUS = {
@@ -256,15 +350,6 @@ _WORST = [
     DeploymentStatus.DELETING,
     DeploymentStatus.RUNNING,
 ]
-
-
-def _apps_of(deployment: Deployment, revision: DeploymentRevision) -> tuple[list[str], list[str]]:
-    """(the deployment's own applications, the shared ones it uses): the router, which serves
-    a dedicated stable slot in-process, and the canary; or a shared pool's application."""
-    base = f"{deployment.tenant.slug}--{deployment.name}"
-    if revision.kv_mode == KvMode.SHARED and revision.pool is not None:
-        return [base], [f"pool--{revision.pool.name}"]
-    return [base] + ([f"{base}--canary"] if revision.canary_version_id else []), []
 
 
 def _message(info: AppInfo) -> str:
@@ -290,7 +375,10 @@ def config_drift(apps: dict[str, AppInfo]) -> list[str]:
         revision = deployment.current_revision
         if revision is None or revision.applied_at is None:
             continue
-        info = apps.get(f"{deployment.tenant.slug}--{deployment.name}")
+        try:
+            info = apps.get(deployment.serve_app)
+        except BadName:  # never compiled: the reconcile marked it failed
+            continue
         if (
             info is not None
             and info.router_revision is not None
@@ -315,12 +403,14 @@ def refresh_status(*, client: ServeApiClient | None = None) -> dict[int, str]:
         revision = deployment.current_revision
         if revision is None:  # filtered out by the query
             continue
-        own, shared = _apps_of(deployment, revision)
+        own, shared = deployment.serve_apps(revision)
         names = own + shared
         if deployment.deleted_at is not None:
             gone = all(name not in apps for name in own)
             status = DeploymentStatus.DELETED if gone else DeploymentStatus.DELETING
             message = "removed from Serve" if gone else "Serve is removing it"
+        elif revision.serve_status == REFUSED:
+            status, message = DeploymentStatus.FAILED, revision.serve_message
         elif revision.applied_at is None:
             status, message = DeploymentStatus.PENDING, "waiting for reconcile"
         else:

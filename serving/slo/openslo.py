@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from serving.dataplane.sli import BOUNDS_MS
+from serving.slo import source
 from serving.slo.errors import ContractError, FieldError, PathItem, format_path
 from serving.slo.model import (
     API_VERSION,
@@ -177,6 +178,7 @@ def import_openslo(text: str) -> tuple[Contract, list[str]]:
     Raises ContractError (fields are paths into the OpenSLO documents, e.g.
     "doc[2].spec.indicator") when no objective maps.
     """
+    _check_stream_budget(text)
     state = _Import()
     slos: list[tuple[int, yaml.Node, dict[str, Any]]] = []
     by_kind: dict[str, dict[str, dict[str, Any]]] = {
@@ -210,6 +212,47 @@ def import_openslo(text: str) -> tuple[Contract, list[str]]:
             state.errors.append(FieldError(None, "", "no SLO document (kind: SLO, openslo/v1)"))
         raise ContractError(state.errors)
     return _build(state), state.warnings
+
+
+def _check_stream_budget(text: str) -> None:
+    """One node budget (source.MAX_NODES, aliases expanded) for the whole stream: documents
+    that each stay under it must not add up to a YAML bomb. Text that does not compose is
+    left to `compose`, which says what is wrong with it."""
+    if len(text.encode("utf-8")) > source.MAX_BYTES:
+        return  # compose refuses it before reading
+    budget = source.MAX_NODES
+    try:
+        loader = source._Loader(text)
+    except yaml.YAMLError:
+        return
+    try:
+        index = 0
+        while loader.check_node():
+            root = loader.get_node()
+            if root is None:
+                continue
+            stack: list[yaml.Node] = [root]
+            while stack:
+                node = stack.pop()
+                budget -= 1
+                if budget < 0:
+                    message = (
+                        f"the YAML stream is too large: its documents together pass "
+                        f"{source.MAX_NODES} nodes (aliases expanded), here in document "
+                        f"{index + 1}"
+                    )
+                    line = node.start_mark.line + 1
+                    raise ContractError([FieldError(line, f"doc[{index}]", message)])
+                if isinstance(node, yaml.SequenceNode):
+                    stack.extend(node.value)
+                elif isinstance(node, yaml.MappingNode):
+                    for key, value in node.value:
+                        stack.extend((key, value))
+            index += 1
+    except (yaml.YAMLError, RecursionError):
+        return
+    finally:
+        loader.dispose()
 
 
 def _import_slo(

@@ -32,7 +32,7 @@ def test_config_is_valid_for_serve_and_deterministic() -> None:
     config = compile_config([_spec(), _spec(tenant_slug="globex", tenant_id="8")])
     ServeDeploySchema.model_validate(config)
     names = [a["name"] for a in config["applications"]]
-    assert names == ["acme--chat", "acme--chat--canary", "globex--chat", "globex--chat--canary"]
+    assert names == ["acme.chat", "acme.chat.canary", "globex.chat", "globex.chat.canary"]
     router = config["applications"][0]
     assert router["route_prefix"] == "/acme/chat"
     assert config["applications"][1]["route_prefix"] is None  # the canary: no HTTP route
@@ -40,8 +40,8 @@ def test_config_is_valid_for_serve_and_deterministic() -> None:
     assert user_config["key_hashes"] == ["h1", "h2"]
     # The stable slot runs in the router's replicas; only the canary is a hop away.
     assert user_config["groups"] == {
-        "stable": {"app": "acme--chat", "version": "v1", "local": True},
-        "canary": {"app": "acme--chat--canary", "version": "v2"},
+        "stable": {"app": "acme.chat", "version": "v1", "local": True},
+        "canary": {"app": "acme.chat.canary", "version": "v2"},
     }
     assert user_config["local"]["artifact"] == "/artifacts/a"
     assert router["args"]["local"]["arch_key"] == "arch-1"
@@ -104,7 +104,7 @@ def test_shared_pool_serves_several_tenants_with_their_own_salts_and_quotas() ->
     config = compile_config([a, b], pools=[pool])
     ServeDeploySchema.model_validate(config)
     names = [app["name"] for app in config["applications"]]
-    assert names == ["pool--llama-small", "acme--chat", "globex--chat"]
+    assert names == ["platform.llama-small.pool", "acme.chat", "globex.chat"]
     tenants = config["applications"][0]["deployments"][0]["user_config"]["tenants"]
     assert tenants == {
         "7": {"salt": "aa" * 32, "quota_blocks": 64},
@@ -112,7 +112,7 @@ def test_shared_pool_serves_several_tenants_with_their_own_salts_and_quotas() ->
     }
     router = config["applications"][1]
     groups = router["deployments"][0]["user_config"]["groups"]
-    assert groups == {"stable": {"app": "pool--llama-small", "version": "v1"}}
+    assert groups == {"stable": {"app": "platform.llama-small.pool", "version": "v1"}}
     # A thin router: no engine of its own, no CPU reserved.
     assert router["args"] == {} and "local" not in router["deployments"][0]["user_config"]
     assert router["deployments"][0]["ray_actor_options"] == {"num_cpus": 0}

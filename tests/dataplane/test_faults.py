@@ -459,10 +459,10 @@ def test_the_router_answers_an_error_burst_with_its_status(tmp_path: Path) -> No
     from serving.engine.testing import write_tiny_checkpoint
 
     artifact = str(write_tiny_checkpoint(tmp_path / "tiny"))
-    router = Router.func_or_class(local={"app": "acme--chat", "engine": {"num_blocks": 16}})
+    router = Router.func_or_class(local={"app": "acme.chat", "engine": {"num_blocks": 16}})
     local = {"version": "v1", "artifact": artifact, "tenants": {"7": {"salt": "ab" * 32}}}
     config = {"tenant": "7", "deployment": "chat", "key_hashes": [hash_key("k")],
-              "groups": {"stable": {"app": "acme--chat", "version": "v1", "local": True}},
+              "groups": {"stable": {"app": "acme.chat", "version": "v1", "local": True}},
               "breaker": {"min_requests": 1000}}  # fmt: skip
 
     async def post() -> tuple[int, Any]:
@@ -585,7 +585,7 @@ class _LocalRouter:
         from serving.engine.testing import write_tiny_checkpoint
 
         self.router = Router.func_or_class(
-            local={"app": "acme--chat", "engine": {"num_blocks": 64}}
+            local={"app": "acme.chat", "engine": {"num_blocks": 64}}
         )
         artifact = str(write_tiny_checkpoint(tmp_path / "tiny"))
         self.local = {"version": "v1", "artifact": artifact, "fingerprint": "fp-1",
@@ -596,7 +596,7 @@ class _LocalRouter:
 
         await self.router.reconfigure({
             "tenant": "7", "deployment": "chat", "key_hashes": [hash_key(self.KEY)],
-            "groups": {"stable": {"app": "acme--chat", "version": "v1", "local": True}},
+            "groups": {"stable": {"app": "acme.chat", "version": "v1", "local": True}},
             "local": {**self.local, "faults": faults},
         })  # fmt: skip
 

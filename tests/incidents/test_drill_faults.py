@@ -291,10 +291,10 @@ def test_a_kv_pollution_probe_sees_no_cross_tenant_hit_and_passes(
 
 def _publish_counters(deployment: Deployment, tenants: dict[str, Any]) -> None:
     """A replica's snapshot as a broken engine would publish it (hits for another tenant)."""
-    snapshot = {"app": f"acme--{deployment.name}", "group": "stable", "replica": "broken",
+    snapshot = {"app": f"acme.{deployment.name}", "group": "stable", "replica": "broken",
                 "window": {"end": time.time()}, "kv": {"tenants": tenants}}  # fmt: skip
     client = redis.Redis.from_url(settings.REDIS_URL)
-    client.hset(f"{settings.SLI_KEY_PREFIX}:sli:acme--assistant:stable", "broken",
+    client.hset(f"{settings.SLI_KEY_PREFIX}:sli:acme.assistant:stable", "broken",
                 json.dumps(snapshot))  # fmt: skip
 
 
@@ -391,7 +391,7 @@ def test_a_neighbour_failing_during_the_flood_fails_the_run(
     _ready(world_a)
     _ready(world_b)
     plane.apply()
-    plane.remove("globex--assistant")  # the neighbour answers 404 to every probe
+    plane.remove("globex.assistant")  # the neighbour answers 404 to every probe
     drill = _drill(world_a, "token_starvation", parameters={
         "concurrency": 2, "prompt_chars": 200, "max_tokens": 4})  # fmt: skip
     now = time.time()
@@ -484,7 +484,7 @@ def test_hot_reloads_under_traffic_fail_no_request(world_a: TenantWorld, plane: 
     reasons = list(DeploymentRevision.objects.filter(
         deployment=deployment, reason__contains=f"(run {run.pk})").values_list("reason", flat=True))  # fmt: skip
     assert len(reasons) == 4, reasons  # inject (reload 1), reloads 2 and 3, revert
-    router = plane.routers["acme--assistant"][1]
+    router = plane.routers["acme.assistant"][1]
     forced = [r for r in router.local.reloads if r.get("drill") == str(run.pk)]
     assert [(r["nonce"], r["ok"]) for r in forced] == [(1, True), (2, True), (3, True)]
     assert traffic.statuses and set(traffic.statuses) == {200}, traffic.statuses

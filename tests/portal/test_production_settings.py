@@ -53,3 +53,11 @@ def test_production_refuses_to_start_without_allowed_hosts() -> None:
     result = _run(env, "check")
     assert result.returncode != 0
     assert "ALLOWED_HOSTS must be set" in result.stderr
+
+
+def test_production_refuses_a_public_or_short_secret_key_and_writes_none(tmp_path: Path) -> None:
+    data = {**PRODUCTION, "PORTAL_DATA_DIR": str(tmp_path)}
+    for key in ("django-insecure-" + "x" * 50, "too-short"):
+        result = _run({**data, "SECRET_KEY": key}, "check")
+        assert result.returncode != 0 and "SECRET_KEY must be set" in result.stderr
+    assert not (tmp_path / "secret_key").exists()  # production never makes one up

@@ -113,7 +113,7 @@ def _two_tenants(
     )
     client = cluster.client()
     control.reconcile(target=cluster.target, client=client)
-    client.wait_until(["acme--assistant", "globex--assistant"], timeout=180)
+    client.wait_until(["acme.assistant", "globex.assistant"], timeout=180)
     control.refresh_status(client=client)
     for deployment in (a, b):
         deployment.refresh_from_db()
@@ -155,7 +155,7 @@ def test_hot_reloads_under_traffic_fail_no_request(
     worker_factory: Callable[..., Worker],  # noqa: F811
 ) -> None:
     deployment, key = _serving(world_a, ray_cluster, canary=False)
-    app = f"{world_a.tenant.slug}--assistant"
+    app = f"{world_a.tenant.slug}.assistant"
     pids = _pids(ray_cluster, app)
     traffic = Traffic(f"{ray_cluster.serve_url}/acme/assistant/v1/completions", key)
     worker = worker_factory(reconcile=True, queues=CHAOS_QUEUES)

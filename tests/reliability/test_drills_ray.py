@@ -40,14 +40,14 @@ def _serving(world: TenantWorld, cluster: RayCluster, *, canary: bool) -> tuple[
         tenant=world.tenant, actor=actor, deployment=deployment, name="client"
     )
     contract_set(tenant=world.tenant, actor=actor, deployment=deployment, source=FAST_CONTRACT)
-    app = f"{world.tenant.slug}--assistant"
+    app = f"{world.tenant.slug}.assistant"
     apps = [app]
     if canary:
         v2 = _version(world, "v2")
         deployments.deployment_set_canary(
             tenant=world.tenant, actor=actor, deployment=deployment, version_id=v2.pk, percent=30
         )
-        apps.append(f"{app}--canary")
+        apps.append(f"{app}.canary")
     client = cluster.client()
     control.reconcile(target=cluster.target, client=client)
     client.wait_until(apps, timeout=180)

@@ -103,7 +103,7 @@ def test_killing_replicas_every_5_s_under_traffic_loses_almost_nothing(
     )
     client = ray_cluster.client()
     control.reconcile(target=ray_cluster.target, client=client)
-    app = f"{world_a.tenant.slug}--assistant"
+    app = f"{world_a.tenant.slug}.assistant"
     client.wait_until([app], timeout=180)
     control.refresh_status(client=client)
     deployment.refresh_from_db()

@@ -117,7 +117,7 @@ def test_weights_only_changes_compile_to_user_config_changes(world_a: TenantWorl
     )
     after, _ = compiled_config(TARGET)
     assert restart_free(before, after)
-    router = next(a for a in after["applications"] if a["name"] == "acme--chat")
+    router = next(a for a in after["applications"] if a["name"] == "acme.chat")
     config = router["deployments"][0]["user_config"]
     assert config["canary_percent"] == 80 and config["revision"] == 3
     tenants = config["local"]["tenants"]  # the stable slot, served in the router's replicas
@@ -243,11 +243,11 @@ def test_deleted_deployments_leave_the_config(world_a: TenantWorld) -> None:
     def names() -> set[str]:
         return {a["name"] for a in compiled_config(TARGET)[0]["applications"]}
 
-    assert {"acme--chat", "acme--assistant"} == names()
+    assert {"acme.chat", "acme.assistant"} == names()
     services.deployment_delete(
         tenant=world_a.tenant, actor=Actor(user=world_a.owner), deployment=deployment
     )
-    assert names() == {"acme--assistant"}
+    assert names() == {"acme.assistant"}
     _create(world_a)  # the name is free again
 
 

@@ -33,7 +33,7 @@ def test_a_replica_crash_fault_restarts_the_replica_once(
 ) -> None:
     deployment = _served(world_a)
     key = _key(world_a, deployment)
-    app = "acme--assistant"
+    app = "acme.assistant"
     url = f"{ray_cluster.serve_url}/acme/assistant/v1/completions"
     _apply(ray_cluster, [app])
     before = _pids(ray_cluster, app)

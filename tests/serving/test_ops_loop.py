@@ -89,7 +89,7 @@ class Replica:
     """One replica's SLI recorder, published to the real Redis exactly as in Ray."""
 
     def __init__(self, deployment: Deployment, group: str, name: str) -> None:
-        app = f"{deployment.tenant.slug}--{deployment.name}"
+        app = f"{deployment.tenant.slug}.{deployment.name}"
         revision = Deployment.objects.get(pk=deployment.pk).current_revision
         version = revision.canary_version if group == "canary" else revision.stable_version
         # The label a version replica publishes once its weights are loaded.
@@ -133,7 +133,7 @@ def test_tick_stores_counter_deltas_whatever_its_interval(world_a: TenantWorld) 
     # A new replica (a restart) counts from zero; the old one's disappearance is recorded.
     Replica(deployment, "stable", "r2").serve(ok=3)
     redis.Redis.from_url(settings.REDIS_URL).hdel(
-        f"{settings.SLI_KEY_PREFIX}:sli:acme--assistant:stable", "r1"
+        f"{settings.SLI_KEY_PREFIX}:sli:acme.assistant:stable", "r1"
     )
     health.tick(now=now + 4, act=False)
     last = SliSample.objects.filter(deployment=deployment, resolution=Resolution.RAW).latest("end")

@@ -87,7 +87,7 @@ def publish_sli(deployment: Deployment, group: str, ok: int, failed: int = 0) ->
     revision = Deployment.objects.get(pk=deployment.pk).current_revision
     version = revision.canary_version if group == "canary" else revision.stable_version
     label = f"{version.model.name}:{version.label}"  # what a replica with those weights says
-    recorder = SliRecorder(f"{deployment.tenant.slug}--{deployment.name}", group, label, "r1")
+    recorder = SliRecorder(f"{deployment.tenant.slug}.{deployment.name}", group, label, "r1")
     for index in range(ok + failed):
         recorder.current.record(latency_s=0.02, ok=index < ok, tokens_out=4)
     snapshot = recorder.roll(kv={"num_blocks": 64, "free_blocks": 48})

@@ -228,8 +228,8 @@ def _deploy_failing_canary(world: TenantWorld, cluster: RayCluster) -> tuple[Dep
     )  # fmt: skip
     client = cluster.client()
     control.reconcile(target=cluster.target, client=client)
-    app = f"{world.tenant.slug}--assistant"
-    client.wait_until([app, f"{app}--canary"], timeout=180)
+    app = f"{world.tenant.slug}.assistant"
+    client.wait_until([app, f"{app}.canary"], timeout=180)
     wait_running(deployment, client)
     return deployment, key
 
@@ -319,8 +319,8 @@ def test_worker_killed_mid_rollback_leaves_exactly_one(
     assert Rollback.objects.filter(deployment=deployment).count() == 1
     assert deployment.revisions.count() == revisions  # the revision was written once
     client = ray_cluster.client()
-    app = f"{world_a.tenant.slug}--assistant"
-    client.wait_until([f"{app}--canary"], ["ABSENT"], timeout=60)
+    app = f"{world_a.tenant.slug}.assistant"
+    client.wait_until([f"{app}.canary"], ["ABSENT"], timeout=60)
     with httpx.Client(timeout=30, trust_env=False) as http:
         groups = {
             http.post(
@@ -356,9 +356,9 @@ def test_a_good_canary_is_promoted_through_its_steps_by_the_worker(
         tenant=world_a.tenant, actor=actor, deployment=deployment, version_id=v2.pk
     )
     client = ray_cluster.client()
-    app = f"{world_a.tenant.slug}--assistant"
+    app = f"{world_a.tenant.slug}.assistant"
     control.reconcile(target=ray_cluster.target, client=client)
-    client.wait_until([app, f"{app}--canary"], timeout=180)
+    client.wait_until([app, f"{app}.canary"], timeout=180)
     control.refresh_status(client=client)
     traffic = Traffic(f"{ray_cluster.serve_url}/acme/assistant/v1/completions", key)
     worker = worker_factory(reconcile=True)
@@ -380,7 +380,7 @@ def test_a_good_canary_is_promoted_through_its_steps_by_the_worker(
         assert deployment_health(deployment.pk)["probe"]["ok"] is True
         assert traffic.statuses[200] > 0 and set(traffic.statuses) == {200}, traffic.statuses
         # Serve follows: the canary application goes away, v2 answers as stable.
-        client.wait_until([f"{app}--canary"], ["ABSENT"], timeout=90)
+        client.wait_until([f"{app}.canary"], ["ABSENT"], timeout=90)
         assert traffic.groups["canary"] > 0
     finally:
         traffic.close()
@@ -405,7 +405,7 @@ def test_gpu_processes_are_attributed_to_real_replica_pids(
     Deployment.objects.exclude(pk=deployment.pk).update(deleted_at=deployment.created_at)
     client = ray_cluster.client()
     control.reconcile(target=ray_cluster.target, client=client)
-    app = f"{world_a.tenant.slug}--assistant"
+    app = f"{world_a.tenant.slug}.assistant"
     client.wait_until([app], timeout=180)
     r = redis.Redis.from_url(settings.REDIS_URL)
     deadline = time.monotonic() + 90

@@ -102,8 +102,8 @@ def test_deploy_infer_canary_reload_delete(
     deployment = _served(world_a)
     key = _key(world_a, deployment)
     key_b = _key(world_b, _served(world_b))
-    app = "acme--assistant"
-    _apply(ray_cluster, [app, "globex--assistant"])
+    app = "acme.assistant"
+    _apply(ray_cluster, [app, "globex.assistant"])
     deployment.refresh_from_db()
     revision = deployment.current_revision
     assert deployment.status == DeploymentStatus.RUNNING, deployment.status_message
@@ -154,7 +154,7 @@ def test_deploy_infer_canary_reload_delete(
             tenant=world_a.tenant, actor=actor, deployment=deployment, version_id=v2.pk,
             percent=20,
         )  # fmt: skip
-        _apply(ray_cluster, [app, f"{app}--canary"])
+        _apply(ray_cluster, [app, f"{app}.canary"])
         groups: Counter[str] = Counter()
         lock = threading.Lock()
 
@@ -175,7 +175,7 @@ def test_deploy_infer_canary_reload_delete(
         assert 0.14 <= groups["canary"] / 500 <= 0.26, groups
 
         # Weights only (traffic 50%): the same replica processes serve on.
-        before = {name: _pids(ray_cluster, name) for name in (app, f"{app}--canary")}
+        before = {name: _pids(ray_cluster, name) for name in (app, f"{app}.canary")}
         started = time.monotonic()
         deployments.deployment_set_traffic(
             tenant=world_a.tenant, actor=actor, deployment=deployment, percent=50
@@ -231,7 +231,7 @@ def test_deploy_infer_canary_reload_delete(
         assert texts[new_text] >= 5
         assert _pids(ray_cluster, app) == stable_pids  # hot reload, no restart
         # The canary's application goes away (Serve deletes it in the background).
-        ray_cluster.client().wait_until([f"{app}--canary"], [AppStatus.ABSENT], timeout=60)
+        ray_cluster.client().wait_until([f"{app}.canary"], [AppStatus.ABSENT], timeout=60)
 
     # Delete: Serve forgets the deployment's applications.
     deployments.deployment_delete(tenant=world_a.tenant, actor=actor, deployment=deployment)
@@ -279,7 +279,7 @@ def test_shared_pool_keeps_tenants_prefixes_and_blocks_apart(
             version_id=own_version,
             settings={"kv_mode": "shared", "pool": pool.name},
         )
-    _apply(ray_cluster, ["pool--tiny", "acme--pooled", "globex--pooled"])
+    _apply(ray_cluster, ["platform.tiny.pool", "acme.pooled", "globex.pooled"])
     a, b = str(world_a.tenant.pk), str(world_b.tenant.pk)
     # ~130 tokens: 9 blocks of 16, within both tenants' quotas (64 and 16 blocks).
     long_prompt = " ".join(["Paged attention keeps the KV cache in fixed-size blocks."] * 4)
@@ -288,11 +288,11 @@ def test_shared_pool_keeps_tenants_prefixes_and_blocks_apart(
         url_b = f"{ray_cluster.serve_url}/globex/pooled/v1/completions"
         assert _post(http, url_a, keys["acme"], prompt=long_prompt).status_code == 200
         assert _post(http, url_a, keys["acme"], prompt=long_prompt).status_code == 200
-        first = _pool_stats("pool--tiny", [a, b], lambda s: s[a].get("prefix_hits", 0) > 0)
+        first = _pool_stats("platform.tiny.pool", [a, b], lambda s: s[a].get("prefix_hits", 0) > 0)
         hits_a = first[a]["prefix_hits"]
         # B sends A's exact prompt: no hits for B (its salt differs), A unaffected.
         assert _post(http, url_b, keys["globex"], prompt=long_prompt).status_code == 200
-        stats = _pool_stats("pool--tiny", [a, b], lambda s: s[b].get("prefix_queries", 0) > 0)
+        stats = _pool_stats("platform.tiny.pool", [a, b], lambda s: s[b].get("prefix_queries", 0) > 0)
         assert stats[b]["prefix_hits"] == 0
         # B floods long distinct prompts far beyond its 16 blocks: it evicts only its own.
         for i in range(12):
@@ -306,7 +306,7 @@ def test_shared_pool_keeps_tenants_prefixes_and_blocks_apart(
         assert refused.json()["error"]["code"] == "kv_quota_exceeded"
         assert _post(http, url_a, keys["acme"], prompt=long_prompt).status_code == 200
         final = _pool_stats(
-            "pool--tiny", [a, b],
+            "platform.tiny.pool", [a, b],
             lambda s: s[b].get("evictions", 0) > 0 and s[a].get("prefix_hits", 0) > hits_a,
         )  # fmt: skip
         assert final[a]["evictions"] == 0
@@ -365,7 +365,7 @@ def test_a_stale_config_landing_late_is_found_and_replaced(
 
     deployment = _served(world_a)
     Deployment.objects.exclude(pk=deployment.pk).update(deleted_at=timezone.now())
-    app = f"{world_a.tenant.slug}--assistant"
+    app = f"{world_a.tenant.slug}.assistant"
     _apply(ray_cluster, [app])
     stale, _ = control.compiled_config(ray_cluster.target)
     old = deployment.current_revision.number

@@ -216,3 +216,30 @@ def test_round_trip_of_custom_alerts_and_error_rate() -> None:
     assert imported.objectives == contract.objectives
     assert imported.objective("errors").max == 0.02
     assert imported.alerts == contract.alerts
+
+
+def _bulky_service(n: int) -> str:
+    """A Service document of about 12 000 nodes once its aliases expand (each under the
+    per-document budget of 50 000)."""
+    lines = [f"apiVersion: openslo/v1\nkind: Service\nmetadata:\n  name: s{n}\n  labels:"]
+    lines.append(f"    a0: &a0 [{', '.join(['x'] * 10)}]")
+    lines += [f"    a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 4)]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_node_budget_covers_the_whole_stream() -> None:
+    slo = export_openslo(parse_contract(MINIMAL.format(window="30d")), service="svc")
+    few = slo + "---\n" + "---\n".join(_bulky_service(n) for n in range(3))
+    contract, warnings = import_openslo(few)  # ~37 000 nodes in all: fine
+    assert contract.objectives and "Service 's2' has no SLA contract equivalent" in warnings[-1]
+
+    many = slo + "---\n" + "---\n".join(_bulky_service(n) for n in range(8))  # ~99 000
+    with pytest.raises(ContractError) as caught:
+        import_openslo(many)
+    (error,) = caught.value.errors
+    assert "the YAML stream is too large" in error.message and "50000 nodes" in error.message
+    starts = [i + 1 for i, line in enumerate(many.splitlines()) if line == "kind: Service"]
+    index = int(error.field.removeprefix("doc[").removesuffix("]"))
+    service = index - (len(list(yaml.safe_load_all(slo))))  # which bulky document
+    assert 3 <= service < 8 and error.line is not None
+    assert starts[service] <= error.line < (starts + [10**9])[service + 1]

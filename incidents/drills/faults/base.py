@@ -98,7 +98,7 @@ def _replica_snapshots(deployment: Deployment, group: str) -> list[dict[str, Any
     """What the slot's replicas published last (serving.dataplane.sli), one per replica."""
     from serving.dataplane.sli import sli_key
 
-    app = f"{deployment.tenant.slug}--{deployment.name}"
+    app = deployment.serve_app
     raw = _redis().hgetall(sli_key(settings.SLI_KEY_PREFIX, app, group))
     return [json.loads(value) for value in raw.values()]
 

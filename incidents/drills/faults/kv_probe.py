@@ -32,7 +32,9 @@ logger = logging.getLogger(__name__)
 
 def drill_probe_key(run_id: int) -> str:
     """The probe identity's inference key, derived (never stored): only its hash travels."""
-    secret = settings.KV_CACHE_SECRET.encode()
+    from portal.secrets import probe_secret  # stays valid through a KV secret rotation
+
+    secret = probe_secret()
     digest = hmac.new(secret, f"drill-probe:{run_id}".encode(), hashlib.sha256).hexdigest()
     return f"ik_drill_{digest[:40]}"
 

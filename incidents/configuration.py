@@ -7,10 +7,13 @@ import secrets
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
 from django.db import IntegrityError, transaction
 
 from incidents.models import CauseRule, ChannelKind, NotificationChannel, RuleOp, Severity
+from incidents.notify import webhook_check
 from incidents.signals import SIGNAL_NAMES
+from portal import netguard
 from portal.exceptions import ConflictError, ValidationFailed
 from tenants.actors import Actor
 from tenants.models import Tenant
@@ -150,6 +153,19 @@ def _check_channel(channel: NotificationChannel) -> None:
     clean_or_fail(channel, exclude=["tenant"])
 
 
+def _check_webhook_url(url: str) -> None:
+    """The URL is well formed and every address its host resolves to now is public (the
+    delivery checks again: DNS may change). Called outside transactions: it waits on DNS."""
+    try:
+        URLValidator(schemes=["http", "https"])(url)
+    except ValidationError:
+        raise ValidationFailed("enter a valid http(s) URL.", field="url") from None
+    try:
+        webhook_check(url)
+    except netguard.Refused as exc:
+        raise ValidationFailed(str(exc), field="url") from None
+
+
 def _save_channel(channel: NotificationChannel) -> None:
     if (
         NotificationChannel.objects.filter(tenant=channel.tenant, name=channel.name)
@@ -188,6 +204,8 @@ def notification_channel_create(
         is_active=is_active,
     )
     _check_channel(channel)
+    if channel.kind == ChannelKind.WEBHOOK:
+        _check_webhook_url(channel.url)
     with transaction.atomic():
         if NotificationChannel.objects.filter(tenant=tenant).count() >= MAX_CHANNELS:
             raise ConflictError(f"a tenant keeps at most {MAX_CHANNELS} channels.", field="name")
@@ -208,6 +226,8 @@ def notification_channel_update(
     unknown = sorted(set(changes) - set(CHANNEL_FIELDS))
     if unknown:
         raise ValidationFailed("cannot be changed.", field=unknown[0])
+    if channel.kind == ChannelKind.WEBHOOK and changes.get("url"):
+        _check_webhook_url(str(changes["url"]))  # a new URL only: the old one may be off now
     with transaction.atomic():
         locked = NotificationChannel.objects.select_for_update().get(pk=channel.pk, tenant=tenant)
         before = _channel_snapshot(locked)

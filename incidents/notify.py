@@ -2,6 +2,12 @@
 tenant's notification channels (signed webhooks, e-mail), delivered by a Celery task with
 retries and exponential backoff. Deliveries are at least once; receivers deduplicate on the
 `X-Portal-Delivery` header.
+
+A webhook is posted only to public addresses (`portal.netguard`, plus the networks the platform
+allows in WEBHOOK_ALLOWED_NETWORKS): each attempt resolves the host once, checks every address
+and connects to a checked one (the Host header and TLS name stay the URL's), follows no
+redirect and keeps only the receiver's status code, never its body. A suspended tenant's
+deliveries are not sent.
 """
 
 from __future__ import annotations
@@ -10,16 +16,19 @@ import hashlib
 import hmac
 import json
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cache
 from typing import Any
 
 import httpx
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
@@ -32,6 +41,7 @@ from incidents.models import (
     NotificationChannel,
     NotificationDelivery,
 )
+from portal import netguard
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -39,6 +49,7 @@ logger = logging.getLogger(__name__)
 MAX_ATTEMPTS = 6
 TIMEOUT_S = 5.0
 USER_AGENT = "aiops-portal-webhooks/1"
+CONNECT_TRIES = 3  # addresses of a host tried per attempt; each may take TIMEOUT_S to fail
 
 
 def group_name(tenant_id: int) -> str:
@@ -74,7 +85,10 @@ def deliveries_create(
     caller's transaction; each is sent by a task once the transaction commits."""
     from incidents.tasks import deliver_notification
 
-    channels = NotificationChannel.objects.filter(tenant=tenant, is_active=True)
+    # A suspended tenant is told nothing (read from the row, not the caller's copy).
+    channels = NotificationChannel.objects.filter(
+        tenant=tenant, is_active=True, tenant__is_active=True
+    )
     deliveries = [
         NotificationDelivery.objects.create(
             tenant=tenant, channel=channel, incident=incident, event=event
@@ -132,10 +146,59 @@ class Outcome:
     retry_in: int | None = None
 
 
-def _send_webhook(delivery: NotificationDelivery, body: str) -> tuple[int | None, str]:
-    """POST the body; (status code, error) where error is empty on 2xx."""
+def webhook_allowed_networks() -> tuple[netguard.Network, ...]:
+    """The non-public networks the platform lets webhooks reach (none by default)."""
+    try:
+        return netguard.parse_networks(getattr(settings, "WEBHOOK_ALLOWED_NETWORKS", ()))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"WEBHOOK_ALLOWED_NETWORKS: {exc}") from None
+
+
+def webhook_check(url: str) -> netguard.Target:
+    """Resolve the URL's host once and check every address; netguard.Refused says why not."""
+    return netguard.check_url(url, allowed=webhook_allowed_networks(), what="webhooks")
+
+
+@cache
+def _tls_context() -> ssl.SSLContext:
+    # Certificates are checked against the URL's host name (sent as SNI), not the address.
+    return httpx.create_ssl_context(trust_env=False)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    code: int | None
+    error: str  # empty on 2xx; never the receiver's body
+    retryable: bool = False
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.DecodingError):
+        return f"{type(exc).__name__}: the receiver's answer was not valid HTTP."
+    text = " ".join("".join(c if c.isprintable() else " " for c in str(exc)).split())
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+def _judge(code: int) -> _Answer:
+    if 200 <= code < 300:
+        return _Answer(code, "")
+    if 300 <= code < 400:
+        return _Answer(code, f"HTTP {code}: redirects are not followed.")
+    return _Answer(code, f"HTTP {code}", retryable=code >= 500 or code == 429)
+
+
+def _send_webhook(delivery: NotificationDelivery, body: str) -> _Answer:
+    """POST the body to one of the addresses checked for this attempt (no second lookup);
+    the receiver's answer is judged by its status code alone and its body is never read."""
+    try:
+        target = webhook_check(delivery.channel.url)
+    except netguard.Unresolvable as exc:  # DNS may come back: retried
+        return _Answer(None, f"not sent: {exc}", retryable=True)
+    except netguard.Refused as exc:
+        return _Answer(None, f"refused: {exc}")
     timestamp = str(int(time.time()))
     headers = {
+        "Host": target.host_header,
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
         "X-Portal-Event": json.loads(body)["type"],
@@ -143,19 +206,37 @@ def _send_webhook(delivery: NotificationDelivery, body: str) -> tuple[int | None
         "X-Portal-Timestamp": timestamp,
         "X-Portal-Signature": sign(delivery.channel.secret, timestamp, body),
     }
-    try:
-        response = httpx.post(
-            delivery.channel.url,
-            content=body.encode(),
-            headers=headers,
-            timeout=TIMEOUT_S,
-            follow_redirects=False,
-        )
-    except httpx.HTTPError as exc:
-        return None, f"{type(exc).__name__}: {exc}"[:500]
-    if 200 <= response.status_code < 300:
-        return response.status_code, ""
-    return response.status_code, f"HTTP {response.status_code}: {response.text[:300]}"
+    extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+    failure = _Answer(None, "not sent: no address to connect to.", retryable=True)
+    with httpx.Client(
+        verify=_tls_context(), trust_env=False, follow_redirects=False, timeout=TIMEOUT_S
+    ) as client:
+        for address in target.addresses[:CONNECT_TRIES]:
+            try:
+                with client.stream(
+                    "POST",
+                    target.url_for(address),
+                    content=body.encode(),
+                    headers=headers,
+                    extensions=extensions,
+                ) as response:
+                    return _judge(response.status_code)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing sent: next one
+                failure = _Answer(None, _describe(exc), retryable=True)
+            except httpx.HTTPError as exc:
+                return _Answer(None, _describe(exc), retryable=True)
+            except httpx.InvalidURL as exc:
+                return _Answer(None, _describe(exc))
+    return failure
+
+
+def _not_sendable(delivery: NotificationDelivery) -> str:
+    """Why a pending delivery must not go out any more, or ""."""
+    if not delivery.tenant.is_active:
+        return "tenant suspended: not sent."
+    if not delivery.channel.is_active:
+        return "channel switched off: not sent."
+    return ""
 
 
 def _send_email(delivery: NotificationDelivery, data: dict[str, Any]) -> str:
@@ -185,18 +266,25 @@ def delivery_attempt(*, delivery_id: int) -> Outcome:
     """One attempt of one delivery. Connection errors, 5xx and 429 are retried after
     2**attempts seconds, up to MAX_ATTEMPTS; any other answer is final."""
     delivery = (
-        NotificationDelivery.objects.select_related("channel", "incident", "event")
+        NotificationDelivery.objects.select_related("tenant", "channel", "incident", "event")
         .filter(pk=delivery_id)
         .first()
     )
     if delivery is None or delivery.status != DeliveryStatus.PENDING:
         return Outcome("skipped")
+    halt = _not_sendable(delivery)
+    if halt:
+        NotificationDelivery.objects.filter(pk=delivery.pk, status=DeliveryStatus.PENDING).update(
+            status=DeliveryStatus.FAILED, last_error=halt
+        )
+        logger.info("notification %s not sent: %s", delivery.pk, halt)
+        return Outcome(DeliveryStatus.FAILED)
     data = payload(delivery)
     code: int | None = None
     if delivery.channel.kind == ChannelKind.WEBHOOK:
         body = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        code, error = _send_webhook(delivery, body)
-        retryable = bool(error) and (code is None or code >= 500 or code == 429)
+        answer = _send_webhook(delivery, body)
+        code, error, retryable = answer.code, answer.error, answer.retryable
     else:
         error = _send_email(delivery, data)
         retryable = bool(error)

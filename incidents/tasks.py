@@ -11,7 +11,8 @@ from portal.celery import task
 @task(queue="default", time_limit=30, idempotent=True, bind=True, max_retries=notify.MAX_ATTEMPTS)
 def deliver_notification(self: Any, delivery_id: int) -> str:
     """Send one notification; retried with exponential backoff (2**attempts s) while the
-    receiver is down or answers 5xx/429. A gone or finished delivery is left alone."""
+    receiver is down or answers 5xx/429. A gone or finished delivery is left alone; one of a
+    suspended tenant (or a switched-off channel) ends failed without being sent."""
     outcome = notify.delivery_attempt(delivery_id=delivery_id)
     if outcome.retry_in is not None:
         raise self.retry(countdown=outcome.retry_in)

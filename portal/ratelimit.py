@@ -71,9 +71,14 @@ return {grant, wait}
 class Bucket:
     key: str
     rate_per_second: float
+    # Requests allowed in a burst; None: RATE_LIMIT_BURST_SECONDS of the rate. Throttles set it
+    # (10 logins per 5 minutes is a rate of 1/30 s with a burst of 10).
+    burst: float | None = None
 
     @property
     def capacity(self) -> float:
+        if self.burst is not None:
+            return max(1.0, self.burst)
         return max(1.0, self.rate_per_second * settings.RATE_LIMIT_BURST_SECONDS)
 
 
@@ -97,6 +102,10 @@ class Denied(Exception):
 _local_lock = threading.Lock()
 _local_state: dict[str, tuple[float, float]] = {}
 _local_markers: dict[str, float] = {}
+# Values published with set_value(): name -> (monotonic expiry, value), what embedded mode
+# reads; with Redis, Redis is the truth and _value_memo keeps its young replies.
+_local_values: dict[str, tuple[float, str]] = {}
+_value_memo: dict[str, tuple[float, str | None]] = {}
 
 
 def _key(name: str) -> str:
@@ -119,6 +128,12 @@ def _consume_local(buckets: list[Bucket], deny_marker: str | None) -> float:
         for bucket, tokens in zip(buckets, levels, strict=True):
             _local_state[bucket.key] = (tokens - 1 if wait == 0 else tokens, now)
         return wait
+
+
+def rates_are_leased(*rates: float | None) -> bool:
+    """Whether a request charging buckets of these rates is served from leases (see above)."""
+    known = [float(r) for r in rates if r]
+    return len(known) == len(rates) and lease_size([Bucket("", r) for r in known]) > 1
 
 
 def lease_size(buckets: list[Bucket]) -> int:
@@ -195,3 +210,47 @@ def set_marker(name: str, ttl_s: int) -> None:
             del _leases[lease_key]
     if settings.REDIS_URL:
         redis_client(settings.REDIS_URL).set(_key(name), "1", ex=ttl_s)
+
+
+def throttle(buckets: list[Bucket]) -> float:
+    """Charge one attempt to every bucket (all or none); seconds to wait, or 0. A throttle is a
+    bucket with an explicit burst: `Bucket("login-ip:<ip>", 50 / 300, burst=50)`."""
+    return consume(buckets)
+
+
+def set_value(name: str, value: str, ttl_s: int) -> None:
+    """Publish `value` under `name` for `ttl_s` seconds, for every web process at once."""
+    ttl_s = max(1, ttl_s)
+    if settings.REDIS_URL:
+        redis_client(settings.REDIS_URL).set(_key(name), value, ex=ttl_s)
+    with _local_lock:
+        now = time.monotonic()
+        for stale in [k for k, (until, _) in _local_values.items() if until <= now]:
+            del _local_values[stale]
+        _local_values[name] = (now + ttl_s, value)
+        _value_memo.pop(name, None)
+
+
+def get_value(name: str, *, memo_ms: int = 0) -> str | None:
+    """The value published under `name`, or None. With Redis one GET, unless `memo_ms` > 0
+    lets this process reuse a reply that young (the lease bound: a change made in another
+    process is seen within memo_ms; made in this one, at once)."""
+    now = time.monotonic()
+    with _local_lock:
+        local = _local_values.get(name)
+        if local is not None and local[0] <= now:
+            del _local_values[name]
+            local = None
+        if not settings.REDIS_URL:
+            return local[1] if local is not None else None
+        memo = _value_memo.get(name)
+        if memo is not None and memo[0] > now:
+            return memo[1]
+    raw = redis_client(settings.REDIS_URL).get(_key(name))
+    value = raw.decode() if isinstance(raw, bytes) else raw
+    if memo_ms > 0:
+        with _local_lock:
+            if len(_value_memo) > 10_000:
+                _value_memo.clear()
+            _value_memo[name] = (now + memo_ms / 1000.0, value)
+    return value

@@ -412,6 +412,37 @@ LOGGING = {
     "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }
 
+# --- Tenant safety (docs/architecture.md "Tenant safety") ---------------------------------
+# Checkpoint validation bounds (serving.engine.config.ConfigLimits), checked before anything
+# sized by the config is built; a worker killed this many times mid-validation fails the version.
+ENGINE_MAX_POSITION_EMBEDDINGS = env_int("ENGINE_MAX_POSITION_EMBEDDINGS", 131072)
+ENGINE_MAX_VOCAB_SIZE = env_int("ENGINE_MAX_VOCAB_SIZE", 1 << 20)
+ENGINE_MAX_HIDDEN_SIZE = env_int("ENGINE_MAX_HIDDEN_SIZE", 65536)
+ENGINE_MAX_INTERMEDIATE_SIZE = env_int("ENGINE_MAX_INTERMEDIATE_SIZE", 262144)
+ENGINE_MAX_HIDDEN_LAYERS = env_int("ENGINE_MAX_HIDDEN_LAYERS", 512)
+ENGINE_MAX_ATTENTION_HEADS = env_int("ENGINE_MAX_ATTENTION_HEADS", 1024)
+ENGINE_MAX_HEAD_DIM = env_int("ENGINE_MAX_HEAD_DIM", 1024)
+ENGINE_VALIDATION_MAX_BYTES = env_int("ENGINE_VALIDATION_MAX_BYTES", 2 * 1024**3)
+ENGINE_MAX_TOKENIZER_BYTES = env_int("ENGINE_MAX_TOKENIZER_BYTES", 64 * 1024**2)
+ENGINE_MAX_SAFETENSORS_HEADER_BYTES = env_int("ENGINE_MAX_SAFETENSORS_HEADER_BYTES", 16 * 1024**2)
+ENGINE_MAX_TENSORS = env_int("ENGINE_MAX_TENSORS", 16384)
+MODEL_VALIDATION_MAX_ATTEMPTS = env_int("MODEL_VALIDATION_MAX_ATTEMPTS", 3)
+# Non-public networks webhooks may reach (CIDR, comma-separated); empty = public addresses only.
+WEBHOOK_ALLOWED_NETWORKS = env_list("WEBHOOK_ALLOWED_NETWORKS", [])
+# Tenants one user may own (platform staff are exempt); signup open | verify | closed.
+MAX_TENANTS_PER_USER = env_int("MAX_TENANTS_PER_USER", 3)
+SIGNUP_MODE = env_str("SIGNUP_MODE", "verify" if PRODUCTION else "open")
+SIGNUP_VERIFY_TTL_HOURS = env_int("SIGNUP_VERIFY_TTL_HOURS", 48)
+# Login and signup attempts per window, checked before any password (429 + Retry-After).
+LOGIN_THROTTLE_PER_EMAIL = env_int("LOGIN_THROTTLE_PER_EMAIL", 10)
+LOGIN_THROTTLE_PER_IP = env_int("LOGIN_THROTTLE_PER_IP", 50)
+SIGNUP_THROTTLE_PER_IP = env_int("SIGNUP_THROTTLE_PER_IP", 10)
+AUTH_THROTTLE_WINDOW_S = env_int("AUTH_THROTTLE_WINDOW_S", 300)
+# A replica's own memory share (drill leaks and deployment faults take at most a share of it).
+REPLICA_MB_PER_CPU = env_int("REPLICA_MB_PER_CPU", 2048)
+REPLICA_MB_PER_GPU = env_int("REPLICA_MB_PER_GPU", 81920)
+DRILL_LEAK_MAX_SHARE = env_float("DRILL_LEAK_MAX_SHARE", 0.5)
+
 # --- Production hardening ---------------------------------------------------------------
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"

@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from serving import metrics_views
+from tenants.views import ThrottledLoginView
 
 api_v1 = [
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
@@ -15,6 +16,8 @@ api_v1 = [
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Before django.contrib.auth.urls: the same URL and name, with a throttle in front.
+    path("accounts/login/", ThrottledLoginView.as_view(), name="login"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include(api_v1)),
     path("healthz", include("portal.health_urls")),

@@ -37,9 +37,12 @@ class SharedPoolAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "num_cpus",
         "num_gpus",
         "kv_blocks",
+        "min_tenants",
+        "max_num_seqs",
         "is_active",
     ]
     list_filter = ["is_active"]
+    filter_horizontal = ["allowed_tenants"]  # only these tenants may deploy onto the pool
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)

@@ -236,6 +236,8 @@ def _member_parts(name: str) -> tuple[str, ...]:
 
 
 def _kind_refused(member: tarfile.TarInfo) -> str | None:
+    if member.issparse():  # a few header bytes that unpack to any number of zeros
+        return f"archive member {member.name!r} is a sparse file"
     if member.issym():
         return f"archive member {member.name!r} is a symlink (to {member.linkname!r})"
     if member.islnk():
@@ -247,6 +249,62 @@ def _kind_refused(member: tarfile.TarInfo) -> str | None:
     if not (member.isreg() or member.isdir()):
         return f"archive member {member.name!r} is not a regular file or directory"
     return None
+
+
+@dataclass(frozen=True)
+class ArchiveContents:
+    """What an archive would unpack to, read from its member headers alone."""
+
+    unpacked_bytes: int  # sum of the regular files' sizes: what the store would hold
+    members: int
+
+
+_ARCHIVE_ERRORS = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile)
+
+
+def _unreadable(exc: BaseException) -> ArtifactRejected:
+    return ArtifactRejected(f"the upload is not a readable tar or tar.gz archive ({exc})")
+
+
+def _over_unpack_limit(max_bytes: int) -> ArtifactRejected:
+    return ArtifactRejected(
+        f"the archive unpacks to more than {max_bytes} bytes (ARTIFACT_UPLOAD_MAX_BYTES)"
+    )
+
+
+def scan_archive(archive_path: Path, *, max_bytes: int | None = None) -> ArchiveContents:
+    """Read every member header of a tar / tar.gz without writing anything, refusing what
+    unpacking would refuse (paths, links, devices, sparse files, duplicates, more than
+    MAX_MEMBERS entries) and an unpacked total over `max_bytes` (a small archive of zeros
+    can expand a thousandfold): the caller charges `unpacked_bytes` to the tenant's storage
+    quota before a byte is extracted."""
+    limit = upload_limit() if max_bytes is None else max_bytes
+    total = 0
+    count = 0
+    files: set[tuple[str, ...]] = set()
+    try:
+        with tarfile.open(archive_path, mode="r:*") as archive:
+            for count, member in enumerate(archive, start=1):
+                if count > MAX_MEMBERS:
+                    raise ArtifactRejected(f"the archive holds more than {MAX_MEMBERS} entries")
+                refused = _kind_refused(member)
+                if refused:
+                    raise ArtifactRejected(refused)
+                parts = _member_parts(member.name)
+                if not member.isreg() or not parts:
+                    continue
+                if parts in files:
+                    raise ArtifactRejected(
+                        f"archive member {member.name!r} appears twice or clashes with another "
+                        "entry"
+                    )
+                files.add(parts)
+                total += member.size
+                if total > limit:
+                    raise _over_unpack_limit(limit)
+    except _ARCHIVE_ERRORS as exc:
+        raise _unreadable(exc) from None
+    return ArchiveContents(unpacked_bytes=total, members=count)
 
 
 def _extract(archive: tarfile.TarFile, dest: Path, max_bytes: int) -> None:
@@ -273,10 +331,7 @@ def _extract(archive: tarfile.TarFile, dest: Path, max_bytes: int) -> None:
                 while chunk := source.read(CHUNK_BYTES):
                     total += len(chunk)
                     if total > max_bytes:
-                        raise ArtifactRejected(
-                            f"the archive unpacks to more than {max_bytes} bytes "
-                            "(ARTIFACT_UPLOAD_MAX_BYTES)"
-                        )
+                        raise _over_unpack_limit(max_bytes)
                     handle.write(chunk)
         except (FileExistsError, NotADirectoryError):
             raise ArtifactRejected(
@@ -298,8 +353,9 @@ def _layout_root(dest: Path) -> Path:
 
 def unpack_upload(archive_path: Path, *, max_bytes: int | None = None) -> UnpackedArtifact:
     """Unpack a tar or tar.gz into a fresh staging folder; refuse absolute paths, `..`,
-    symlinks, hard links, devices and anything but regular files and folders. On any refusal
-    the staging folder is removed and ArtifactRejected says which member and why."""
+    symlinks, hard links, devices, sparse files and anything but regular files and folders.
+    On any refusal the staging folder is removed and ArtifactRejected says which member and
+    why. (Call `scan_archive` first: this counts bytes as they are written, as a backstop.)"""
     limit = upload_limit() if max_bytes is None else max_bytes
     workdir = staging_dir() / f"unpack-{uuid.uuid4().hex}"
     workdir.mkdir()
@@ -307,10 +363,8 @@ def unpack_upload(archive_path: Path, *, max_bytes: int | None = None) -> Unpack
         try:
             with tarfile.open(archive_path, mode="r:*") as archive:
                 _extract(archive, workdir, limit)
-        except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile) as exc:
-            raise ArtifactRejected(
-                f"the upload is not a readable tar or tar.gz archive ({exc})"
-            ) from None
+        except _ARCHIVE_ERRORS as exc:
+            raise _unreadable(exc) from None
         root = _layout_root(workdir)
     except BaseException:
         discard(workdir)

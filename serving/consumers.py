@@ -3,8 +3,9 @@
 
 The session's user must be a member of the tenant (or staff, for a node); anyone else,
 anonymous included, is accepted and closed at once with code 4403 (a browser sees the code and
-stops reconnecting). A member joins only `tenant-<id>.gpu`. Every message is one sample as
-JSON text: {"seq": "<ms>-<n>", "at", "node", "simulated", "devices", "processes", "kv"}.
+stops reconnecting). A member joins only `tenant-<id>.gpu`, and `tenant-<id>.user-<uid>`
+through which removing them from the tenant closes the socket (4403). Every message is one
+sample as JSON text: {"seq": "<ms>-<n>", "at", "node", "simulated", "devices", "processes", "kv"}.
 
 Backpressure: samples are not queued per client. The newest sample of each node waits in one
 slot while the previous one is being written; a slow client skips to the newest, and its
@@ -24,7 +25,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from incidents.consumers import FORBIDDEN, _member_tenant_id
+from incidents.consumers import FORBIDDEN, _member_tenant_id, join_member_group
 from serving.gpu_agent import EVENT, node_group, sample_log, seq_key, tenant_group
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ def _is_staff(user: Any) -> bool:
 
 class GpuConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     group: str | None = None
+    member_group: str | None = None
     sender: asyncio.Future[None] | None = None
 
     async def connect(self) -> None:
@@ -46,11 +48,17 @@ class GpuConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         since = (query.get("since") or [""])[0]
         user = self.scope.get("user")
         group = None
+        tenant_id = None
         if slug and not node:
             tenant_id = await database_sync_to_async(_member_tenant_id)(user, slug)
             group = tenant_group(tenant_id) if tenant_id is not None else None
         elif node and not slug and _is_staff(user):
             group = node_group(node)
+        if group is not None and tenant_id is not None:
+            # Before accept(): the tenant group is joined right after it, as the stream expects.
+            self.member_group = await join_member_group(self, tenant_id)
+            if self.member_group is None:
+                group = None
         await self.accept()
         if group is None:
             await self.close(code=FORBIDDEN)
@@ -78,11 +86,13 @@ class GpuConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         # The writer goes first: a group_discard that fails (Redis away) must not leave it.
         if self.sender is not None:
             self.sender.cancel()
-        if self.group is not None:
+        for group in (self.group, self.member_group):
+            if group is None:
+                continue
             try:
-                await self.channel_layer.group_discard(self.group, self.channel_name)
+                await self.channel_layer.group_discard(group, self.channel_name)
             except Exception:  # the layer expires the membership by itself  # noqa: BLE001
-                logger.warning("GPU stream: leaving %s failed", self.group, exc_info=True)
+                logger.warning("GPU stream: leaving %s failed", group, exc_info=True)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Samples skip channels' per-message close_old_connections() (a thread round trip
@@ -94,6 +104,11 @@ class GpuConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """The stream is one-way."""
+
+    async def membership_removed(self, event: dict[str, Any]) -> None:
+        """The member was removed from the tenant: the stream ends for them (4403). Rare, so
+        it takes the ordinary dispatch path; samples keep their fast path above."""
+        await self.close(code=FORBIDDEN)
 
     def _fresh(self, node: str, key: tuple[int, int]) -> bool:
         return key > self.floor and key > self.last.get(node, (0, 0))

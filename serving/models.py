@@ -87,6 +87,13 @@ class ModelVersion(TenantOwned):
     )
     sha256 = models.CharField(max_length=64, blank=True)
     size_bytes = models.BigIntegerField(null=True, blank=True)
+    # Bytes this version holds in the artifact store, charged to the tenant's storage quota:
+    # an upload's unpacked size from the moment it is accepted, 0 for a registered local
+    # directory and once a failed version's files are deleted.
+    stored_bytes = models.PositiveBigIntegerField(default=0)
+    # Validation runs started; a worker killed mid-validation (acks_late) restarts it, and
+    # MODEL_VALIDATION_MAX_ATTEMPTS of them fail the version instead of looping.
+    validation_attempts = models.PositiveSmallIntegerField(default=0)
     format = models.CharField(max_length=40, blank=True)
     config_summary = models.JSONField(default=dict, blank=True)
     status = models.CharField(

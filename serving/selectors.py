@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, OuterRef, QuerySet, Subquery, Sum
+from django.db.models.functions import Coalesce
 
 from portal.exceptions import ConflictError, ValidationFailed
 from serving.models import Model, ModelVersion, VersionStatus
-from tenants.models import Tenant
+from tenants.models import Quota, Tenant
 from tenants.scoping import get_for_tenant
 
 
@@ -34,6 +35,27 @@ def version_list(*, tenant: Tenant, model: Model | None = None) -> QuerySet[Mode
 
 def version_get(*, tenant: Tenant, pk: Any, model: Model | None = None) -> ModelVersion:
     return get_for_tenant(version_list(tenant=tenant, model=model), tenant=tenant, pk=pk)
+
+
+def storage_used_bytes(*, tenant: Tenant) -> int:
+    """Bytes of the tenant's artifacts in the store, as its storage quota counts them: every
+    version's `stored_bytes` (uploads, from the moment they are accepted; local directories
+    and deleted failures count nothing)."""
+    total = ModelVersion.objects.filter(tenant=tenant).aggregate(total=Sum("stored_bytes"))
+    return int(total["total"] or 0)
+
+
+def quotas_with_storage_used(quotas: QuerySet[Quota]) -> QuerySet[Quota]:
+    """`quotas` annotated with `storage_used_bytes` (as `storage_used_bytes()` counts it), in
+    the same query: the quota API lists usage beside each limit."""
+    used = (
+        ModelVersion.objects.filter(tenant=OuterRef("tenant"))
+        .order_by()
+        .values("tenant")
+        .annotate(total=Sum("stored_bytes"))
+        .values("total")
+    )
+    return quotas.annotate(storage_used_bytes=Coalesce(Subquery(used), 0))
 
 
 def version_get_deployable(

@@ -12,13 +12,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models.deletion import ProtectedError
 from django.utils import timezone
 
-from portal.exceptions import ConflictError, ValidationFailed
-from serving import artifacts
+from portal.exceptions import ConflictError, QuotaExceeded, ValidationFailed
+from serving import artifacts, selectors
+from serving.engine.config import ConfigLimits, human_bytes
 from serving.models import (
     LABEL_RE,
     SHA256_RE,
@@ -30,7 +32,7 @@ from serving.models import (
     VersionStatus,
 )
 from tenants.actors import Actor
-from tenants.models import Tenant
+from tenants.models import Quota, Tenant
 from tenants.services import audit_record
 
 logger = logging.getLogger(__name__)
@@ -38,6 +40,22 @@ logger = logging.getLogger(__name__)
 VALIDATOR = Actor(system="version_validate")
 MODEL_FIELDS = ("name", "task", "description")
 VERSION_FIELDS = ("label", "source", "artifact_uri", "status")
+FILES_DELETED = "its uploaded files were deleted"
+DEFAULT_VALIDATION_MAX_ATTEMPTS = 3
+# ConfigLimits field -> the setting that overrides its default.
+LIMIT_SETTINGS = {
+    "max_vocab_size": "ENGINE_MAX_VOCAB_SIZE",
+    "max_hidden_size": "ENGINE_MAX_HIDDEN_SIZE",
+    "max_intermediate_size": "ENGINE_MAX_INTERMEDIATE_SIZE",
+    "max_hidden_layers": "ENGINE_MAX_HIDDEN_LAYERS",
+    "max_attention_heads": "ENGINE_MAX_ATTENTION_HEADS",
+    "max_head_dim": "ENGINE_MAX_HEAD_DIM",
+    "max_position_embeddings": "ENGINE_MAX_POSITION_EMBEDDINGS",
+    "max_validation_bytes": "ENGINE_VALIDATION_MAX_BYTES",
+    "max_tokenizer_bytes": "ENGINE_MAX_TOKENIZER_BYTES",
+    "max_header_bytes": "ENGINE_MAX_SAFETENSORS_HEADER_BYTES",
+    "max_tensors": "ENGINE_MAX_TENSORS",
+}
 
 
 def _full_clean(obj: models.Model) -> None:
@@ -263,29 +281,37 @@ def version_register_upload(
         size_bytes=received.size_bytes,
         created_by_id=actor.user_id,
     )
-    extra = {"archive_bytes": received.size_bytes, "archive_sha256": received.sha256}
+    extra: dict[str, Any] = {
+        "archive_bytes": received.size_bytes,
+        "archive_sha256": received.sha256,
+    }
     installed: Path | None = None
     try:
         started = time.perf_counter()
         try:
+            # Headers only, nothing written: what the archive would unpack to.
+            contents = artifacts.scan_archive(received.path)
+            extra["unpacked_bytes"] = contents.unpacked_bytes
+            # Refused before a byte is extracted (re-checked under the lock below).
+            _check_storage_quota(tenant=tenant, needed=contents.unpacked_bytes, lock=False)
             unpacked = artifacts.unpack_upload(received.path)
         except artifacts.ArtifactRejected as exc:
-            step = {"step": "unpack", "state": "failed", "seconds": _since(started)}
-            with transaction.atomic():
-                _full_clean(version)
-                _save_new_version(
-                    tenant=tenant, actor=actor, version=version, extra=extra, validate=False
-                )
-                _set_status(
-                    version,
-                    VersionStatus.FAILED,
-                    actor=actor,
-                    reason=exc.reason,
-                    steps=[step],
-                )
+            artifacts.discard(received.path)  # unpack_upload already removed its folder
+            _save_failed_upload(
+                tenant=tenant,
+                actor=actor,
+                version=version,
+                extra=extra,
+                reason=f"{exc.reason} ({FILES_DELETED})",
+                step={"step": "unpack", "state": "failed", "seconds": _since(started)},
+            )
             return version
         try:
             with transaction.atomic():
+                # The quota row lock serialises a tenant's uploads from here to commit: two
+                # concurrent uploads cannot both fit in the space that is left for one.
+                _check_storage_quota(tenant=tenant, needed=contents.unpacked_bytes, lock=True)
+                version.stored_bytes = contents.unpacked_bytes
                 version.artifact_uri, installed = artifacts.install(unpacked, tenant_id=tenant.pk)
                 _full_clean(version)
                 _save_new_version(tenant=tenant, actor=actor, version=version, extra=extra)
@@ -298,6 +324,38 @@ def version_register_upload(
     finally:
         artifacts.discard(received.path)
     return version
+
+
+def _save_failed_upload(
+    *,
+    tenant: Tenant,
+    actor: Actor,
+    version: ModelVersion,
+    extra: dict[str, Any],
+    reason: str,
+    step: dict[str, Any],
+) -> None:
+    with transaction.atomic():
+        _full_clean(version)
+        _save_new_version(tenant=tenant, actor=actor, version=version, extra=extra, validate=False)
+        _set_status(version, VersionStatus.FAILED, actor=actor, reason=reason, steps=[step])
+
+
+def _check_storage_quota(*, tenant: Tenant, needed: int, lock: bool) -> None:
+    """QuotaExceeded naming `artifact` when `needed` more bytes would take the tenant past
+    its storage quota. With `lock`, the tenant's Quota row stays locked until the caller's
+    transaction ends, so the bytes it then records cannot be promised twice."""
+    quotas = Quota.objects.select_for_update() if lock else Quota.objects.all()
+    quota = quotas.get(tenant=tenant)
+    used = selectors.storage_used_bytes(tenant=tenant)
+    if used + needed > quota.max_storage_bytes:
+        raise QuotaExceeded(
+            f"The archive unpacks to {human_bytes(needed)}; the tenant's storage quota is "
+            f"{human_bytes(quota.max_storage_bytes)} with {human_bytes(used)} used "
+            "(max_storage_bytes). Delete versions you no longer need, or ask the platform "
+            "team for more.",
+            field="artifact",
+        )
 
 
 def _since(started: float) -> float:
@@ -408,6 +466,9 @@ def version_validate(*, tenant: Tenant, version_id: int) -> ModelVersion | None:
     from serving.engine.checkpoint import validate_checkpoint
     from serving.engine.config import CheckpointError
 
+    max_attempts = int(
+        getattr(settings, "MODEL_VALIDATION_MAX_ATTEMPTS", DEFAULT_VALIDATION_MAX_ATTEMPTS)
+    )
     with transaction.atomic():
         version = (
             ModelVersion.objects.select_for_update()
@@ -417,7 +478,26 @@ def version_validate(*, tenant: Tenant, version_id: int) -> ModelVersion | None:
         )
         if version is None or version.is_final:
             return version
-        _set_status(version, VersionStatus.VALIDATING, actor=VALIDATOR, steps=[])
+        if version.validation_attempts >= max_attempts:
+            # Each earlier run was cut off (the worker died: out of memory, killed) and the
+            # task came back (acks_late): running it again would only kill the next worker.
+            _fail_version(
+                version,
+                reason=f"validation was interrupted {version.validation_attempts} times (the "
+                "worker died); the checkpoint is refused",
+                steps=[
+                    {**step, "state": "failed"} if step.get("state") == "running" else step
+                    for step in version.validation_steps
+                ],
+            )
+            return version
+        _set_status(
+            version,
+            VersionStatus.VALIDATING,
+            actor=VALIDATOR,
+            steps=[],
+            extra_fields={"validation_attempts": version.validation_attempts + 1},
+        )
         uri, expected = version.artifact_uri, version.expected_sha256 or None
 
     progress = _Progress(version_id)
@@ -425,7 +505,9 @@ def version_validate(*, tenant: Tenant, version_id: int) -> ModelVersion | None:
     reason = ""
     try:
         directory = artifacts.local_directory(uri)
-        report = validate_checkpoint(directory, expected_sha256=expected, progress=progress)
+        report = validate_checkpoint(
+            directory, expected_sha256=expected, progress=progress, limits=config_limits()
+        )
     except (CheckpointError, artifacts.ArtifactRejected) as exc:
         reason = exc.reason
     except Exception as exc:  # a crash must still end the version as failed, with the cause
@@ -443,7 +525,7 @@ def version_validate(*, tenant: Tenant, version_id: int) -> ModelVersion | None:
         if version is None or version.status != VersionStatus.VALIDATING:
             return version
         if report is None:
-            _set_status(version, VersionStatus.FAILED, actor=VALIDATOR, reason=reason, steps=steps)
+            _fail_version(version, reason=reason, steps=steps)
         else:
             fields = {
                 "sha256": report.sha256,
@@ -455,6 +537,35 @@ def version_validate(*, tenant: Tenant, version_id: int) -> ModelVersion | None:
                 version, VersionStatus.READY, actor=VALIDATOR, steps=steps, extra_fields=fields
             )
     return version
+
+
+def config_limits() -> ConfigLimits:
+    """The engine's checkpoint bounds, each overridable by its setting (LIMIT_SETTINGS)."""
+    defaults = ConfigLimits()
+    values = {
+        name: int(getattr(settings, setting, getattr(defaults, name)))
+        for name, setting in LIMIT_SETTINGS.items()
+    }
+    return ConfigLimits(**values)
+
+
+def _fail_version(version: ModelVersion, *, reason: str, steps: list[dict[str, Any]]) -> None:
+    """Fail a locked version; an upload's files leave the store once that commits (the
+    reason says so) and stop counting against the storage quota. A registered local
+    directory is the client's and is never touched."""
+    uri = version.artifact_uri if version.source == ArtifactSource.UPLOAD else ""
+    if uri:
+        reason = f"{reason} ({FILES_DELETED})"
+    _set_status(
+        version,
+        VersionStatus.FAILED,
+        actor=VALIDATOR,
+        reason=reason,
+        steps=steps,
+        extra_fields={"stored_bytes": 0},
+    )
+    if uri:
+        transaction.on_commit(lambda: artifacts.remove_stored(uri))
 
 
 def _version_delete_locked(*, tenant: Tenant, actor: Actor, version: ModelVersion) -> None:

@@ -19,7 +19,11 @@ VALIDATION_TIME_LIMIT_S = 1800
 
 @task(queue="default", time_limit=VALIDATION_TIME_LIMIT_S, idempotent=True)
 def validate_version(version_id: int) -> str | None:
-    """Validate one model version; a missing or already finished version is left alone."""
+    """Validate one model version; a missing or already finished version is left alone.
+
+    Acknowledged late, so a worker killed mid-validation hands it to another; the service
+    counts the runs and fails the version after MODEL_VALIDATION_MAX_ATTEMPTS instead of
+    letting one poisonous checkpoint kill worker after worker."""
     version = ModelVersion.objects.select_related("tenant").filter(pk=version_id).first()
     if version is None or version.is_final:
         return None

@@ -19,6 +19,7 @@ from serving import deployment_selectors, deployments, forms, selectors, service
 from serving.control.cluster import ClusterConfigError, ray_target_from_env
 from serving.deployment_models import SPEC_FIELDS, Deployment, DeploymentRevision, InferenceKey
 from serving.models import Model, ModelVersion, VersionStatus
+from tenants import selectors as tenant_selectors
 from tenants.actors import Actor
 from tenants.models import Scope, Tenant
 from tenants.scoping import get_for_tenant
@@ -53,6 +54,14 @@ def _form_error(form: django_forms.Form, exc: PortalError) -> None:
     form.add_error(field if field in form.fields else None, exc.message)
 
 
+def _storage(tenant: Tenant) -> dict[str, int]:
+    """The tenant's artifact storage, used and allowed (the registry pages show both)."""
+    return {
+        "storage_used_bytes": selectors.storage_used_bytes(tenant=tenant),
+        "storage_quota_bytes": tenant_selectors.quota_get(tenant=tenant).max_storage_bytes,
+    }
+
+
 @tenant_page()
 def models_page(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     form = forms.ModelCreateForm(request.POST or None)
@@ -73,6 +82,7 @@ def models_page(request: HttpRequest, tenant: Tenant) -> HttpResponse:
         "models": selectors.model_list(tenant=tenant).order_by("name"),
         "form": form,
         "can_write": _can_write(request),
+        **_storage(tenant),
     }
     return render(request, "serving/models.html", context)
 
@@ -95,6 +105,7 @@ def _model_page(
         or forms.DescriptionForm(initial={"description": model.description}),
         "can_write": _can_write(request),
         "upload_limit": settings.ARTIFACT_UPLOAD_MAX_BYTES,
+        **_storage(tenant),
     }
     return render(request, "serving/model.html", context)
 

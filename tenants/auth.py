@@ -11,8 +11,9 @@ from django.conf import settings
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from portal import ratelimit
 from tenants import selectors, services
-from tenants.models import ApiToken
+from tenants.models import ROLE_SCOPES, ApiToken, Scope
 
 
 class TokenCache:
@@ -20,7 +21,9 @@ class TokenCache:
 
     It keeps PostgreSQL off the API hot path. Revocation does not wait for it to expire: every
     request also checks the token's revocation marker in Redis, in the same round trip as the
-    rate limit (tenants.api.base), so a revoked token is refused by every process at once.
+    rate limit (tenants.api.base), so a revoked token is refused by every process at once; a
+    demotion of its creator publishes the narrowed scopes (`scopes_marker`), read before the
+    scope check.
     """
 
     def __init__(self, size: int = 10_000) -> None:
@@ -58,6 +61,44 @@ def revocation_marker(token: ApiToken) -> str:
     return f"token-revoked:{token.pk}"
 
 
+def scopes_marker(token_id: int) -> str:
+    """Redis key holding a token's narrowed scopes (set when its creator is demoted)."""
+    return f"token-scopes:{token_id}"
+
+
+def _creator_left(token: ApiToken) -> bool:
+    """The member who created the token is no longer in its tenant (read on a cache miss)."""
+    return token.created_by_id is not None and getattr(token, "creator_role", "") is None
+
+
+def _cap_to_creator(token: ApiToken) -> None:
+    """A token never does more than the role of the member who made it holds now."""
+    role = getattr(token, "creator_role", None)
+    if role in ROLE_SCOPES:
+        token.scopes = sorted(set(token.scopes) & ROLE_SCOPES[role])
+
+
+def _apply_narrowing(token: ApiToken) -> None:
+    """Warm path: a demotion in any process narrows this process's cached token at once.
+
+    One Redis GET, only for tokens a demotion can still narrow (a member's token with more
+    than `read`); none for read-only ones. Under leases (fast buckets) the reply is reused for
+    RATE_LIMIT_LEASE_MS, the same bound as a revocation made in another process.
+    """
+    if token.created_by_id is None or set(token.scopes) <= {Scope.READ}:
+        return
+    leased = ratelimit.rates_are_leased(
+        getattr(token, "tenant_rps", None),
+        *([token.rate_limit_per_second] if token.rate_limit_per_second else []),
+    )
+    value = ratelimit.get_value(
+        scopes_marker(token.pk), memo_ms=settings.RATE_LIMIT_LEASE_MS if leased else 0
+    )
+    if value is not None:
+        allowed = set(value.split(",")) if value else set()
+        token.scopes = sorted(set(token.scopes) & allowed)
+
+
 class ApiTokenAuthentication(authentication.BaseAuthentication):
     keyword = "bearer"
 
@@ -76,7 +117,15 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             token = selectors.api_token_find(token_hash=token_hash)
             if token is None:
                 raise exceptions.AuthenticationFailed("Invalid token.")
+            _cap_to_creator(token)
             token_cache.put(token_hash, token)
+        if _creator_left(token):
+            raise exceptions.AuthenticationFailed(
+                "The member who created this token has left the tenant."
+            )
+        _apply_narrowing(token)
+        if not token.scopes:
+            raise exceptions.AuthenticationFailed("This token has no scopes left.")
         if token.status == "revoked":
             raise exceptions.AuthenticationFailed("This token has been revoked.")
         if token.status == "expired":

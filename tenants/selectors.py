@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AnonymousUser, User
-from django.db.models import OuterRef, QuerySet, Subquery
+from datetime import datetime
 
-from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Quota, Tenant
+from django.contrib.auth.models import AnonymousUser, User
+from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.utils import timezone
+
+from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Quota, Role, Tenant
 from tenants.services import hash_secret
 
 
@@ -39,6 +42,58 @@ def invitation_list(*, tenant: Tenant) -> QuerySet[Invitation]:
     return Invitation.objects.filter(tenant=tenant).select_related("invited_by")
 
 
+def membership_offboarding_counts(*, tenant: Tenant) -> dict[int, dict[str, int]]:
+    """Per member (user id): the active tokens and pending invitations removing them revokes.
+
+    Two grouped queries for the whole members page, whatever its length.
+    """
+    now = timezone.now()
+    counts: dict[int, dict[str, int]] = {}
+    tokens = (
+        ApiToken.objects.filter(
+            tenant=tenant,
+            created_by__isnull=False,
+            revoked_at__isnull=True,
+            expires_at__gt=now,
+        )
+        .values("created_by")
+        .annotate(n=Count("id"))
+    )
+    for row in tokens:
+        counts.setdefault(row["created_by"], {"tokens": 0, "invitations": 0})["tokens"] = row["n"]
+    invitations = (
+        pending_invitations(tenant=tenant, now=now)
+        .filter(invited_by__isnull=False)
+        .values("invited_by")
+        .annotate(n=Count("id"))
+    )
+    for invited in invitations:
+        entry = counts.setdefault(invited["invited_by"], {"tokens": 0, "invitations": 0})
+        entry["invitations"] = invited["n"]
+    return counts
+
+
+def pending_invitations(*, tenant: Tenant, now: datetime | None = None) -> QuerySet[Invitation]:
+    return Invitation.objects.filter(
+        tenant=tenant,
+        accepted_at__isnull=True,
+        revoked_at__isnull=True,
+        expired_at__isnull=True,
+        expires_at__gt=now or timezone.now(),
+    )
+
+
+def active_tokens_of(*, tenant: Tenant, user_id: int) -> QuerySet[ApiToken]:
+    return ApiToken.objects.filter(
+        tenant=tenant, created_by_id=user_id, revoked_at__isnull=True, expires_at__gt=timezone.now()
+    )
+
+
+def owned_tenant_count(*, user_id: int) -> int:
+    """Tenants `user_id` owns (suspended ones included: suspension must not free a slot)."""
+    return Membership.objects.filter(user_id=user_id, role=Role.OWNER).count()
+
+
 def invitation_get_by_token(*, raw_token: str) -> Invitation | None:
     return (
         Invitation.objects.filter(token_hash=hash_secret(raw_token or ""))
@@ -54,14 +109,16 @@ def api_token_list(*, tenant: Tenant) -> QuerySet[ApiToken]:
 def api_token_find(*, token_hash: str) -> ApiToken | None:
     """The token with this hash (whatever its status), its tenant, and the tenant's API rate.
 
-    One query: the tenant is joined and the quota's requests_per_second is annotated as
-    `tenant_rps`, so the request path needs nothing else from PostgreSQL.
+    One query: the tenant is joined, the quota's requests_per_second is annotated as
+    `tenant_rps` and the creator's current role in the tenant as `creator_role` (None when
+    they left), so the request path needs nothing else from PostgreSQL.
     """
     rps = Quota.objects.filter(tenant=OuterRef("tenant")).values("requests_per_second")[:1]
+    role = Membership.objects.filter(tenant=OuterRef("tenant"), user=OuterRef("created_by"))
     try:
         return (
             ApiToken.objects.select_related("tenant")
-            .annotate(tenant_rps=Subquery(rps))
+            .annotate(tenant_rps=Subquery(rps), creator_role=Subquery(role.values("role")[:1]))
             .get(token_hash=token_hash)
         )
     except ApiToken.DoesNotExist:

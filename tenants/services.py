@@ -3,25 +3,30 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from datetime import datetime, timedelta
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.contrib.auth import get_user_model, password_validation
 from django.contrib.auth.models import User
+from django.core import signing
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import IntegrityError, models, transaction
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 from django.utils.text import slugify
 
 from portal import ratelimit
 from portal.exceptions import ConflictError, PermissionDeniedError, ValidationFailed
 from tenants.actors import Actor
 from tenants.models import (
+    ROLE_SCOPES,
     ApiToken,
     AuditEvent,
     Invitation,
@@ -69,6 +74,10 @@ QUOTA_FIELDS = tuple(PLAN_QUOTAS[Plan.FREE])
 TOKEN_PREFIX = "aop_"  # noqa: S105 (a public marker, not a secret)
 INVITATION_PREFIX = "inv_"
 TOKEN_RATE_LIMIT_MAX = 2**31 - 1  # what the column (PositiveIntegerField) holds
+SIGNUP_MODES = ("open", "verify", "closed")
+SIGNUP_VERIFY_SALT = "tenants.signup-verify"
+MEMBER_REMOVED_EVENT = "membership.removed"
+logger = logging.getLogger(__name__)
 
 
 def hash_secret(raw: str) -> str:
@@ -121,6 +130,25 @@ def _unique_slug(name: str) -> str:
     return slug
 
 
+def max_tenants_per_user() -> int:
+    return int(getattr(settings, "MAX_TENANTS_PER_USER", 3))
+
+
+def _check_tenant_allowance(owner: User) -> None:
+    """Each tenant comes with fresh quotas, so a user owns at most MAX_TENANTS_PER_USER
+    (platform staff exempt). The user row is locked: two parallel creates cannot both pass."""
+    if owner.is_staff:
+        return
+    get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
+    limit = max_tenants_per_user()
+    if Membership.objects.filter(user=owner, role=Role.OWNER).count() >= limit:
+        raise ValidationFailed(
+            f"You already own {limit} tenant{'s' if limit != 1 else ''}, the most one account "
+            "may own. Ask platform staff for more, or remove one you no longer use.",
+            field="name",
+        )
+
+
 def tenant_create(*, owner: User, name: str, actor: Actor, plan: str = Plan.FREE) -> Tenant:
     """Create a tenant with `owner` as its first owner and the plan's default quotas."""
     name = (name or "").strip()
@@ -129,6 +157,7 @@ def tenant_create(*, owner: User, name: str, actor: Actor, plan: str = Plan.FREE
     if plan not in PLAN_QUOTAS:
         raise ValidationFailed(f"Unknown plan {plan!r}.", field="plan")
     with transaction.atomic():
+        _check_tenant_allowance(owner)
         tenant = Tenant(slug=_unique_slug(name), name=name, plan=plan)
         tenant.full_clean()
         tenant.save()
@@ -153,8 +182,22 @@ def tenant_create(*, owner: User, name: str, actor: Actor, plan: str = Plan.FREE
     return tenant
 
 
+def signup_mode() -> str:
+    """SIGNUP_MODE: "open" (sign up and in at once), "verify" (the account stays inactive
+    until the e-mailed link is followed) or "closed" (no self-service signup)."""
+    mode = str(getattr(settings, "SIGNUP_MODE", "open")).strip().lower()
+    return mode if mode in SIGNUP_MODES else "closed"  # a typo must not open the door
+
+
 def signup(*, email: str, password: str, organisation: str) -> tuple[User, Tenant]:
-    """Self-service onboarding: a new user and a new tenant they own, atomically."""
+    """Self-service onboarding: a new user and a new tenant they own, atomically.
+
+    In "verify" mode the user is created inactive and a verification link is e-mailed after
+    commit; `user.is_active` tells the caller which happened.
+    """
+    mode = signup_mode()
+    if mode == "closed":
+        raise PermissionDeniedError("Signup is closed on this portal; ask for an invitation.")
     user_model = get_user_model()
     email = (email or "").strip().lower()
     try:
@@ -170,10 +213,114 @@ def signup(*, email: str, password: str, organisation: str) -> tuple[User, Tenan
         password_validation.validate_password(password or "", user=candidate)
     except ValidationError as exc:
         raise ValidationFailed(" ".join(exc.messages), field="password") from None
-    with transaction.atomic():
-        user = user_model.objects.create_user(username=email, email=email, password=password)
-        tenant = tenant_create(owner=user, name=organisation, actor=Actor(user=user))
+    try:
+        with transaction.atomic():
+            user = user_model.objects.create_user(
+                username=email, email=email, password=password, is_active=mode != "verify"
+            )
+            tenant = tenant_create(owner=user, name=organisation, actor=Actor(user=user))
+            if not user.is_active:
+                _send_verification_on_commit(user)
+    except IntegrityError:  # a parallel signup with the same e-mail won the race
+        raise ValidationFailed(
+            "An account with this e-mail already exists.", field="email"
+        ) from None
+    except ValidationFailed as exc:
+        if exc.field == "name":  # the signup form calls the tenant's name "organisation"
+            raise ValidationFailed(exc.message, field="organisation") from None
+        raise
     return user, tenant
+
+
+def _verification_fingerprint(user: User) -> str:
+    """Changes once the account is activated (or its password or e-mail changes): a link
+    works once, and never reactivates an account that staff deactivated after it was used."""
+    state = f"{user.pk}:{user.password}:{user.email}:{user.is_active}:{user.last_login}"
+    return salted_hmac(SIGNUP_VERIFY_SALT, state).hexdigest()[:20]
+
+
+def signup_verification_url(user: User) -> str:
+    token = signing.dumps(
+        {"u": user.pk, "f": _verification_fingerprint(user)}, salt=SIGNUP_VERIFY_SALT
+    )
+    return settings.PORTAL_BASE_URL.rstrip("/") + reverse("signup-verify", args=[token])
+
+
+def _send_verification_on_commit(user: User) -> None:
+    from tenants.tasks import signup_send_verification
+
+    url = signup_verification_url(user)
+    user_id = user.pk
+    transaction.on_commit(lambda: signup_send_verification.delay(user_id, url))
+
+
+def signup_verify_ttl_hours() -> int:
+    return max(1, int(getattr(settings, "SIGNUP_VERIFY_TTL_HOURS", 48)))
+
+
+def signup_verify(*, token: str) -> User:
+    """Activate the account a verification link names; refuses tampered and expired links."""
+    ttl_s = signup_verify_ttl_hours() * 3600
+    try:
+        data = signing.loads(token or "", salt=SIGNUP_VERIFY_SALT, max_age=ttl_s)
+    except signing.SignatureExpired:
+        raise ValidationFailed(
+            "This verification link has expired; sign up again.", field="token"
+        ) from None
+    except signing.BadSignature:
+        raise ValidationFailed("This verification link is not valid.", field="token") from None
+    user_id = data.get("u") if isinstance(data, dict) else None
+    with transaction.atomic():
+        user = (
+            get_user_model().objects.select_for_update().filter(pk=user_id).first()
+            if isinstance(user_id, int)
+            else None
+        )
+        if user is None or not secrets.compare_digest(
+            str(data.get("f", "")), _verification_fingerprint(user)
+        ):
+            raise ValidationFailed("This verification link is not valid.", field="token")
+        user.is_active = True
+        user.save(update_fields=["is_active"])
+        for membership in Membership.objects.filter(user=user).select_related("tenant"):
+            audit_record(
+                tenant=membership.tenant,
+                actor=Actor(user=user),
+                action="user.verified",
+                obj=membership,
+                after={"user": user.get_username(), "is_active": True},
+            )
+    return user
+
+
+# --- sign-in and signup throttles -----------------------------------------------------------
+
+
+def client_ip(meta: dict[str, Any]) -> str:
+    """The peer address (the proxy in front sets REMOTE_ADDR; no client header is trusted)."""
+    return str(meta.get("REMOTE_ADDR") or "unknown")[:64]
+
+
+def _throttle_bucket(kind: str, subject: str, limit_setting: str, default: int) -> ratelimit.Bucket:
+    limit = max(1, int(getattr(settings, limit_setting, default)))
+    window_s = max(1, int(getattr(settings, "AUTH_THROTTLE_WINDOW_S", 300)))
+    digest = hashlib.sha256(subject.encode()).hexdigest()[:32]  # no e-mail in Redis keys
+    return ratelimit.Bucket(f"{kind}:{digest}", limit / window_s, burst=limit)
+
+
+def login_throttle(*, email: str, ip: str) -> float:
+    """Charge one sign-in attempt per (normalised) e-mail and per client IP, before any
+    password is checked; seconds to wait when either is spent, else 0."""
+    buckets = [_throttle_bucket("login-ip", ip, "LOGIN_THROTTLE_PER_IP", 50)]
+    email = (email or "").strip().lower()
+    if email:
+        buckets.append(_throttle_bucket("login-email", email, "LOGIN_THROTTLE_PER_EMAIL", 10))
+    return ratelimit.throttle(buckets)
+
+
+def signup_throttle(*, ip: str) -> float:
+    """Charge one signup attempt per client IP; seconds to wait when spent, else 0."""
+    return ratelimit.throttle([_throttle_bucket("signup-ip", ip, "SIGNUP_THROTTLE_PER_IP", 10)])
 
 
 def tenant_update(*, tenant: Tenant, actor: Actor, name: str) -> Tenant:
@@ -209,9 +356,102 @@ def _other_owners_exist(tenant: Tenant, membership: Membership) -> bool:
     )
 
 
+def member_group(tenant_id: int, user_id: int) -> str:
+    """The Channels group every tenant-scoped socket of one member joins (to be closed)."""
+    return f"tenant-{tenant_id}.user-{user_id}"
+
+
+def _close_member_sockets_on_commit(tenant_id: int, user_id: int) -> None:
+    """After commit, tell the member's open sockets in this tenant to close (4403)."""
+    group = member_group(tenant_id, user_id)
+
+    def send() -> None:
+        from channels.layers import get_channel_layer
+
+        try:
+            layer = get_channel_layer()
+            if layer is not None:
+                async_to_sync(layer.group_send)(group, {"type": MEMBER_REMOVED_EVENT})
+        except Exception as exc:  # the removal stands; pages and tokens refuse already
+            logger.warning("member sockets of %s not told to close: %s", group, exc)
+
+    transaction.on_commit(send)
+
+
+def _offboard_tokens(
+    *, tenant: Tenant, actor: Actor, user_id: int, allowed: frozenset[str] | None, reason: str
+) -> int:
+    """Revoke (allowed None) or narrow to `allowed` the active tokens `user_id` created here;
+    a token left with no scope is revoked. Returns how many changed. Caller holds the atomic."""
+    changed = 0
+    now = timezone.now()
+    tokens = ApiToken.objects.select_for_update().filter(
+        tenant=tenant, created_by_id=user_id, revoked_at__isnull=True, expires_at__gt=now
+    )
+    for token in tokens.order_by("pk"):
+        narrowed = sorted(set(token.scopes) & allowed) if allowed is not None else []
+        if narrowed == sorted(token.scopes):
+            continue
+        changed += 1
+        if not narrowed:
+            _revoke_locked_token(tenant=tenant, actor=actor, token=token, reason=reason)
+            continue
+        before = {"scopes": token.scopes}
+        token.scopes = narrowed
+        token.save(update_fields=["scopes"])
+        # Every process's token cache sees it on the next request (tenants.auth); a rolled
+        # back demotion leaves the token narrower than its row, which fails safe.
+        from tenants.auth import scopes_marker
+
+        ratelimit.set_value(
+            scopes_marker(token.pk),
+            ",".join(narrowed),
+            ttl_s=int((token.expires_at - now).total_seconds()) + 60,
+        )
+        audit_record(
+            tenant=tenant,
+            actor=actor,
+            action="api_token.scopes_narrowed",
+            obj=token,
+            before=before,
+            after={"scopes": narrowed, "reason": reason},
+        )
+    return changed
+
+
+def _offboard_invitations(*, tenant: Tenant, actor: Actor, user_id: int, reason: str) -> int:
+    """Revoke the pending invitations `user_id` issued here. Caller holds the atomic."""
+    now = timezone.now()
+    pending = Invitation.objects.select_for_update().filter(
+        tenant=tenant,
+        invited_by_id=user_id,
+        accepted_at__isnull=True,
+        revoked_at__isnull=True,
+        expired_at__isnull=True,
+        expires_at__gt=now,
+    )
+    count = 0
+    for invitation in pending.order_by("pk"):
+        invitation.revoked_at = now
+        invitation.save(update_fields=["revoked_at"])
+        audit_record(
+            tenant=tenant,
+            actor=actor,
+            action="invitation.revoked",
+            obj=invitation,
+            before={"status": "pending"},
+            after={"status": "revoked", "reason": reason},
+        )
+        count += 1
+    return count
+
+
 def membership_set_role(
     *, tenant: Tenant, actor: Actor, membership: Membership, role: str
 ) -> Membership:
+    """Change a member's role. A demotion narrows the tokens they created to the new role's
+    scopes at once, and one that takes `admin` away revokes the invitations they issued (an
+    invitation is the admin acting later). A promotion widens no token."""
     if role not in Role.values:
         raise ValidationFailed(f"Role must be one of {', '.join(Role.values)}.", field="role")
     with transaction.atomic():
@@ -221,6 +461,7 @@ def membership_set_role(
         if locked.role == Role.OWNER and not _other_owners_exist(tenant, locked):
             raise ConflictError("A tenant must keep at least one owner.", field="role")
         before = {"role": locked.role}
+        old_scopes = ROLE_SCOPES[locked.role]
         locked.role = role
         locked.save(update_fields=["role"])
         audit_record(
@@ -231,25 +472,62 @@ def membership_set_role(
             before=before,
             after={"role": role},
         )
+        new_scopes = ROLE_SCOPES[role]
+        if not old_scopes <= new_scopes:
+            reason = f"creator demoted to {role}"
+            _offboard_tokens(
+                tenant=tenant, actor=actor, user_id=locked.user_id, allowed=new_scopes,
+                reason=reason,
+            )  # fmt: skip
+            if Scope.ADMIN not in new_scopes:
+                _offboard_invitations(
+                    tenant=tenant, actor=actor, user_id=locked.user_id, reason=reason
+                )
     return locked
 
 
-def membership_remove(*, tenant: Tenant, actor: Actor, membership: Membership) -> None:
+def membership_remove(*, tenant: Tenant, actor: Actor, membership: Membership) -> dict[str, int]:
+    """Remove a member and everything that still acts for them here: the tokens they created
+    are revoked, the invitations they issued are revoked, and their open sockets of this
+    tenant are closed (4403) once the removal commits. Returns how many tokens and
+    invitations it revoked."""
     with transaction.atomic():
-        locked = Membership.objects.select_for_update().get(pk=membership.pk, tenant=tenant)
+        locked = (
+            Membership.objects.select_for_update()
+            .select_related("user")
+            .get(pk=membership.pk, tenant=tenant)
+        )
         if locked.role == Role.OWNER and not _other_owners_exist(tenant, locked):
             raise ConflictError("A tenant must keep at least one owner.", field="role")
+        reason = "creator removed from the tenant"
+        tokens = _offboard_tokens(
+            tenant=tenant, actor=actor, user_id=locked.user_id, allowed=None, reason=reason
+        )
+        invitations = _offboard_invitations(
+            tenant=tenant, actor=actor, user_id=locked.user_id, reason=reason
+        )
         audit_record(
             tenant=tenant,
             actor=actor,
             action="membership.removed",
             obj=locked,
             before={"user": locked.user.get_username(), "role": locked.role},
+            after={"tokens_revoked": tokens, "invitations_revoked": invitations},
         )
+        _close_member_sockets_on_commit(tenant.pk, locked.user_id)
         locked.delete()
+    return {"tokens": tokens, "invitations": invitations}
 
 
 # --- invitations ---------------------------------------------------------------------------
+
+
+def _acting_member_id(actor: Actor) -> int | None:
+    """The member behind an action: the user, or the member who created the acting token, so
+    what a member's automation creates is offboarded with them."""
+    if actor.user_id is not None:
+        return actor.user_id
+    return actor.token.created_by_id if actor.token is not None else None
 
 
 def invitation_accept_url(raw_token: str) -> str:
@@ -278,7 +556,7 @@ def invitation_create(
         email=email,
         role=role,
         token_hash=hash_secret(raw),
-        invited_by_id=actor.user_id,
+        invited_by_id=_acting_member_id(actor),
         created_at=now,
         expires_at=now + settings.INVITATION_TTL,
     )
@@ -337,6 +615,15 @@ def invitation_accept(*, user: User, raw_token: str) -> Membership:
                 "This invitation is addressed to another e-mail address.", field="token"
             )
         tenant = invitation.tenant
+        if invitation.invited_by_id is not None:
+            inviter = Membership.objects.filter(tenant=tenant, user_id=invitation.invited_by_id)
+            role = inviter.values_list("role", flat=True).first()
+            if role is None or Scope.ADMIN not in ROLE_SCOPES[role]:
+                raise ValidationFailed(
+                    "The member who sent this invitation can no longer invite; ask an owner "
+                    "for a new one.",
+                    field="token",
+                )
         if Membership.objects.filter(tenant=tenant, user=user).exists():
             raise ConflictError("You are already a member of this tenant.", field="token")
         membership = Membership.objects.create(tenant=tenant, user=user, role=invitation.role)
@@ -431,7 +718,7 @@ def api_token_create(
         scopes=sorted(set(scopes)),
         expires_at=now + timedelta(days=days),
         rate_limit_per_second=rate_limit_per_second,
-        created_by_id=actor.user_id,
+        created_by_id=_acting_member_id(actor),
         created_at=now,
     )
     if ApiToken.objects.filter(tenant=tenant, name=name, revoked_at__isnull=True).exists():
@@ -456,26 +743,36 @@ def api_token_create(
     return token, raw
 
 
+def _revoke_locked_token(
+    *, tenant: Tenant, actor: Actor, token: ApiToken, reason: str | None = None
+) -> None:
+    """Revoke a row the caller locked, inside the caller's transaction."""
+    token.revoked_at = timezone.now()
+    token.save(update_fields=["revoked_at"])
+    # Tell every web process now (fail-safe: a rolled-back revoke still refuses the token).
+    ratelimit.set_marker(
+        f"token-revoked:{token.pk}",
+        ttl_s=int((token.expires_at - token.revoked_at).total_seconds()) + 60,
+    )
+    after: dict[str, Any] = {"status": "revoked"}
+    if reason:
+        after["reason"] = reason
+    audit_record(
+        tenant=tenant,
+        actor=actor,
+        action="api_token.revoked",
+        obj=token,
+        before={"status": "active"},
+        after=after,
+    )
+
+
 def api_token_revoke(*, tenant: Tenant, actor: Actor, token: ApiToken) -> ApiToken:
     with transaction.atomic():
         locked = ApiToken.objects.select_for_update().get(pk=token.pk, tenant=tenant)
         if locked.revoked_at is not None:
             return locked
-        locked.revoked_at = timezone.now()
-        locked.save(update_fields=["revoked_at"])
-        # Tell every web process now (fail-safe: a rolled-back revoke still refuses the token).
-        ratelimit.set_marker(
-            f"token-revoked:{locked.pk}",
-            ttl_s=int((locked.expires_at - locked.revoked_at).total_seconds()) + 60,
-        )
-        audit_record(
-            tenant=tenant,
-            actor=actor,
-            action="api_token.revoked",
-            obj=locked,
-            before={"status": "active"},
-            after={"status": "revoked"},
-        )
+        _revoke_locked_token(tenant=tenant, actor=actor, token=locked)
     return locked
 
 

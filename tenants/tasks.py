@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 
 from portal.celery import task
@@ -33,6 +34,27 @@ def invitation_send_email(invitation_id: int, accept_url: str) -> bool:
         recipient_list=[invitation.email],
     )
     logger.info("invitation %s mailed", invitation_id)
+    return True
+
+
+@task(queue="default", time_limit=60, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def signup_send_verification(user_id: int, verify_url: str) -> bool:
+    """Mail the signup verification link; nothing when the account is gone or active already."""
+    user = get_user_model().objects.filter(pk=user_id).first()
+    if user is None or user.is_active:
+        return False
+    ttl_hours = services.signup_verify_ttl_hours()
+    send_mail(
+        subject="Confirm your e-mail address for the AI Ops Portal",
+        message=(
+            "Someone (we hope you) signed up for the AI Ops Portal with this address.\n\n"
+            f"Confirm it to activate the account: {verify_url}\n\n"
+            f"The link expires in {ttl_hours} hours. If it was not you, ignore this e-mail."
+        ),
+        from_email=settings.DEFAULT_FROM_EMAIL,
+        recipient_list=[user.email],
+    )
+    logger.info("signup verification for user %s mailed", user_id)
     return True
 
 

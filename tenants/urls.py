@@ -5,6 +5,7 @@ from tenants import views
 urlpatterns = [
     path("", views.home, name="home"),
     path("accounts/signup/", views.signup, name="signup"),
+    path("accounts/verify/<str:token>/", views.signup_verify, name="signup-verify"),
     path("tenants/new/", views.tenant_new, name="tenant-new"),
     path("switch/", views.switch_tenant, name="tenant-switch"),
     path("invite/<str:token>/", views.invitation_accept, name="invitation-accept"),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -25,6 +27,12 @@ from tenants.models import ApiToken, Invitation, Membership, Scope, Tenant
 from tenants.scoping import get_for_tenant
 
 View = Callable[..., HttpResponse]
+
+
+def _storage_used(tenant: Tenant) -> int:
+    from serving.selectors import storage_used_bytes  # serving builds on tenants
+
+    return storage_used_bytes(tenant=tenant)
 
 
 def tenant_page(scope: str = Scope.READ) -> Callable[[View], View]:
@@ -75,21 +83,71 @@ def home(request: HttpRequest) -> HttpResponse:
     return redirect("tenant-overview", slug=chosen.tenant.slug)
 
 
+def _throttled(
+    request: HttpRequest, template: str, context: dict[str, Any], wait: float
+) -> HttpResponse:
+    """429 page with Retry-After: the attempt was not even looked at."""
+    retry_after = max(1, math.ceil(wait))
+    context = {**context, "throttled": True, "retry_after": retry_after}
+    response = render(request, template, context, status=429)
+    response["Retry-After"] = str(retry_after)
+    return response
+
+
 @sensitive_post_parameters("password")
 def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect("home")
+    mode = services.signup_mode()
+    if mode == "closed":
+        return render(request, "tenants/signup.html", {"closed": True}, status=403)
     form = forms.SignupForm(request.POST or None)
+    if request.method == "POST":
+        wait = services.signup_throttle(ip=services.client_ip(request.META))
+        if wait > 0:
+            return _throttled(request, "tenants/signup.html", {"form": form}, wait)
     if request.method == "POST" and form.is_valid():
         try:
             user, tenant = services.signup(**form.cleaned_data)
         except PortalError as exc:
             _form_errors(form, exc)
         else:
+            if not user.is_active:
+                context = {"email": user.email, "ttl_hours": services.signup_verify_ttl_hours()}
+                return render(request, "tenants/signup_verify_sent.html", context)
             login(request, user, backend="django.contrib.auth.backends.ModelBackend")
             messages.success(request, f"Welcome! You own the new tenant {tenant.name}.")
             return redirect("tenant-overview", slug=tenant.slug)
-    return render(request, "tenants/signup.html", {"form": form})
+    return render(request, "tenants/signup.html", {"form": form, "verify": mode == "verify"})
+
+
+def signup_verify(request: HttpRequest, token: str) -> HttpResponse:
+    """Follow the e-mailed link: activates the account, then the user logs in."""
+    try:
+        user = services.signup_verify(token=token)
+    except PortalError as exc:
+        return render(request, "tenants/signup_verify.html", {"error": exc.message}, status=400)
+    messages.success(request, f"{user.email} is confirmed. Log in to continue.")
+    return redirect("login")
+
+
+class ThrottledLoginView(auth_views.LoginView):
+    """Django's login, behind a throttle per e-mail and per client IP: a throttled attempt
+    gets 429 with Retry-After and its password is never checked."""
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        wait = services.login_throttle(
+            email=str(request.POST.get("username", "")), ip=services.client_ip(request.META)
+        )
+        if wait > 0:
+            context = self.get_context_data(form=self.get_form_class()(request))
+            return _throttled(request, self.template_name, context, wait)
+        return super().post(request, *args, **kwargs)
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        context["signup_open"] = services.signup_mode() != "closed"
+        return context
 
 
 @login_required
@@ -111,6 +169,7 @@ def tenant_new(request: HttpRequest) -> HttpResponse:
 def tenant_overview(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     context = {
         "quota": selectors.quota_get(tenant=tenant),
+        "storage_used_bytes": _storage_used(tenant),
         "member_count": selectors.membership_list(tenant=tenant).count(),
         "recent_events": selectors.audit_event_list(tenant=tenant).order_by("-id")[:10],
     }
@@ -134,7 +193,11 @@ def tenant_settings(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     return render(
         request,
         "tenants/settings.html",
-        {"form": form, "quota": selectors.quota_get(tenant=tenant)},
+        {
+            "form": form,
+            "quota": selectors.quota_get(tenant=tenant),
+            "storage_used_bytes": _storage_used(tenant),
+        },
     )
 
 
@@ -158,8 +221,16 @@ def members(request: HttpRequest, tenant: Tenant) -> HttpResponse:
                     request, f"Invitation sent to {invite_form.cleaned_data['email']}."
                 )
                 invite_form = forms.InviteForm()
+    memberships = list(selectors.membership_list(tenant=tenant))
+    if Scope.ADMIN in request.membership.scopes:  # type: ignore[attr-defined]
+        # What removing each member revokes, shown beside the button before anyone clicks it.
+        counts = selectors.membership_offboarding_counts(tenant=tenant)
+        for m in memberships:
+            found = counts.get(m.user_id, {})
+            m.revokes_tokens = found.get("tokens", 0)  # type: ignore[attr-defined]
+            m.revokes_invitations = found.get("invitations", 0)  # type: ignore[attr-defined]
     context = {
-        "memberships": selectors.membership_list(tenant=tenant),
+        "memberships": memberships,
         "invitations": selectors.invitation_list(tenant=tenant).order_by("-id")[:50],
         "invite_form": invite_form,
         "invite_url": invite_url,
@@ -193,8 +264,14 @@ def member_role(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
 def member_remove(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
     membership = get_for_tenant(Membership.objects.select_related("user"), tenant=tenant, pk=pk)
     try:
-        services.membership_remove(tenant=tenant, actor=_actor(request), membership=membership)
-        messages.success(request, f"Removed {membership.user.email}.")
+        counts = services.membership_remove(
+            tenant=tenant, actor=_actor(request), membership=membership
+        )
+        messages.success(
+            request,
+            f"Removed {membership.user.email}; revoked {counts['tokens']} API token(s) "
+            f"and {counts['invitations']} pending invitation(s) they had created.",
+        )
     except PortalError as exc:
         messages.error(request, exc.message)
     return redirect("tenant-members", slug=tenant.slug)

@@ -119,6 +119,24 @@ def make_world(name: str) -> TenantWorld:
     return TenantWorld(tenant, owner, operator, viewer, token, raw, model, version)
 
 
+_TEST_DOMAINS = (".example", ".example.com", ".example.net", ".example.org", ".test")
+
+
+@pytest.fixture(autouse=True)
+def _webhook_hosts_resolve_to_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Webhook hosts of the tests (RFC 2606 names) resolve to 127.0.0.1 without asking DNS."""
+    from portal import netguard
+
+    real = netguard.resolve
+
+    def resolve(host: str, port: int) -> list[str]:
+        if f".{host.rstrip('.')}".endswith(_TEST_DOMAINS):
+            return ["127.0.0.1"]
+        return real(host, port)
+
+    monkeypatch.setattr(netguard, "resolve", resolve)
+
+
 @pytest.fixture(autouse=True)
 def _clean_redis() -> Any:
     """Rate-limit buckets, cache entries and the ops loop's state (replicas' SLI values, the

@@ -17,6 +17,7 @@ CELERY_TASK_EAGER_PROPAGATES = True
 # Unit tests have no Ray; the Ray tests call serving.control.reconcile with the test cluster.
 RECONCILE_ON_COMMIT = os.environ.get("PORTAL_TEST_RECONCILE") == "1"  # a worker test's choice
 SLI_KEY_PREFIX = "portal-test"
+WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8", "::1/128"]  # the webhook receivers of the tests
 
 if os.environ.get("PORTAL_TEST_WORKER"):
     # A real Celery worker started by the tests: it consumes from Redis and writes mail to files.

@@ -52,8 +52,9 @@ CATALOGUE: dict[str, Fault] = {
     FaultKind.GPU_MEMORY_LEAK: Fault(
         "GPU memory leak",
         "The replicas allocate device memory (host memory without a GPU) at N MB/s without "
-        "freeing it, up to a cap; watch the GPU dashboard and the KV cache.",
-        {"mb_per_s": (1, 10_000, 50), "max_mb": (1, 1_000_000, 4096)},
+        "freeing it, up to a cap (at most half the replica's own memory share); watch the "
+        "GPU dashboard and the KV cache.",
+        {"mb_per_s": (1, 10_000, 50), "max_mb": (1, 1_000_000, 256)},
         "replicas",
     ),
     FaultKind.REPLICA_CRASH: Fault(
@@ -105,7 +106,8 @@ CATALOGUE: dict[str, Fault] = {
         "Control plane delay",
         "Every call of the portal's Serve API client (reconciles, status refreshes) waits "
         "delay_ms while the fault is in (a Redis key with the fault's TTL); the data plane "
-        "must keep serving. The control plane is shared: every deployment's changes slow.",
+        "must keep serving. The control plane is shared: every deployment's changes slow, "
+        "so only platform staff may run it.",
         {"delay_ms": (1, 10_000, 2000)},
         "control",
     ),

@@ -14,6 +14,7 @@ from incidents.drill_models import (
     RevertStrategy,
 )
 from incidents.drills import faults as drill_faults
+from incidents.drills import policy
 from incidents.drills.base import RECOVERY_WAIT_S, STEP_S, TTL_GRACE_S, _actor, _dt, _event
 from incidents.drills.catalogue import CATALOGUE
 from incidents.drills.steady import _firing, measure, steady_state
@@ -61,6 +62,10 @@ def _check(run: DrillRun, now: float) -> float | None:
     held, results = steady_state(run, now)
     _event(run, "steady_state", "steady state " + ("holds" if held else "does NOT hold"),
            probes=results)  # fmt: skip
+    if policy.suspended(run):
+        _finish(run, DrillStatus.ABORTED, "aborted: the tenant was suspended; nothing was "
+                "injected")  # fmt: skip
+        return None
     if run.stop_requested or not held:
         _finish(run, DrillStatus.ABORTED,
                 "stopped before injecting" if run.stop_requested
@@ -302,6 +307,8 @@ def _score(run: DrillRun, results: list[dict[str, Any]]) -> None:
 def _abort_reason(run: DrillRun, now: float, results: list[dict[str, Any]]) -> str | None:
     if run.stop_requested:
         return "aborted: stopped by hand"
+    if policy.suspended(run):
+        return "aborted: the tenant was suspended"
     conditions = run.snapshot.get("abort_conditions") or {}
     window = measure(run.deployment_id, run.snapshot["group"], now)
     limit = conditions.get("error_rate_above")

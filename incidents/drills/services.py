@@ -18,6 +18,7 @@ from incidents.drill_models import (
     RevertStrategy,
 )
 from incidents.drills import faults as drill_faults
+from incidents.drills import policy
 from incidents.drills.base import RESUME_AFTER_S, _event
 from incidents.drills.catalogue import (
     _check_abort,
@@ -55,6 +56,7 @@ def _apply(drill: ChaosDrill, data: dict[str, Any]) -> None:
 
     clean_or_fail(drill, exclude=["tenant", "deployment", "created_by", "periodic_task"])
     drill_faults.of(drill.fault).check(drill)
+    policy.check_size(drill)
 
 
 def drill_create(
@@ -64,7 +66,9 @@ def drill_create(
         raise ValidationFailed("no such deployment in this tenant.", field="deployment")
     drill = ChaosDrill(tenant=tenant, deployment=deployment, created_by_id=actor.user_id)
     _apply(drill, data)
+    policy.check_allowed(actor=actor, drill=drill)
     with transaction.atomic():
+        policy.check_drill_count(tenant)
         if ChaosDrill.objects.filter(tenant=tenant, name=drill.name).exists():
             raise ConflictError("a drill with this name exists.", field="name")
         drill.save()
@@ -79,6 +83,7 @@ def drill_update(*, tenant: Tenant, actor: Actor, drill: ChaosDrill, **data: Any
         locked = ChaosDrill.objects.select_for_update().get(tenant=tenant, pk=drill.pk)
         before = _drill_snapshot(locked)
         _apply(locked, data)
+        policy.check_allowed(actor=actor, drill=locked)
         if (
             "name" in data
             and ChaosDrill.objects.filter(tenant=tenant, name=locked.name)
@@ -149,18 +154,23 @@ def run_start(
     *, tenant: Tenant, actor: Actor, drill: ChaosDrill, trigger: str = "manual"
 ) -> DrillRun:
     """A new run, advanced by the chaos queue from the next commit on. One active run per
-    deployment: a second is refused (ConflictError)."""
+    deployment: a second is refused (ConflictError); so is one beyond the tenant's
+    concurrent-run quota, one by a suspended tenant, and one the drill policy no longer
+    allows (the deployment moved to a shared pool, or shrank below the fault's size)."""
     from incidents.tasks import advance_drill_run
 
     deployment = drill.deployment
     if deployment.deleted_at is not None:
         raise ConflictError("the deployment was deleted.", field="deployment")
+    policy.check_allowed(actor=actor, drill=drill)
+    policy.check_size(drill)
     run = DrillRun(
         tenant=tenant, drill=drill, deployment=deployment, fault=drill.fault, trigger=trigger,
         snapshot=_drill_snapshot(drill),
     )  # fmt: skip
     try:
         with transaction.atomic():
+            policy.check_can_start(tenant=tenant, deployment_id=deployment.pk)
             run.save()
             _event(run, "scheduled", f"{trigger} run of {drill.name} by {actor.label}")
             audit_record(tenant=tenant, actor=actor, action="drill.run_started", obj=run)

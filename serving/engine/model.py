@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 from serving.engine.config import LlamaConfig
 
+ROPE_MIN_POSITIONS = 4096  # first RoPE table length (grown by doubling when passed)
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -36,6 +38,7 @@ class ForwardBatch:
     decode_mask: torch.Tensor  # [D, 1, 1, Bmax * block_size] additive
     # prefill segments, attended one by one: (rows slice, context blocks, causal mask)
     prefills: list[tuple[slice, torch.Tensor, torch.Tensor]]
+    positions_end: int = 0  # one past the highest position in `positions` (sizes RoPE tables)
 
 
 def _padded_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:
@@ -52,6 +55,7 @@ def _additive_mask(allowed: torch.Tensor) -> torch.Tensor:
 def build_batch(segments: list[Segment], block_size: int, device: torch.device) -> ForwardBatch:
     ids: list[int] = []
     positions: list[int] = []
+    positions_end = 0
     slot_mapping: list[int] = []
     last: list[int] = []
     decode_rows: list[int] = []
@@ -62,6 +66,7 @@ def build_batch(segments: list[Segment], block_size: int, device: torch.device) 
         n = len(seg.token_ids)
         row = len(ids)
         end = seg.start_pos + n
+        positions_end = max(positions_end, end)
         ids.extend(seg.token_ids)
         positions.extend(range(seg.start_pos, end))
         table = seg.block_table
@@ -102,6 +107,7 @@ def build_batch(segments: list[Segment], block_size: int, device: torch.device) 
         decode_tables=tables,
         decode_mask=decode_mask[:, None, None, :],
         prefills=prefills,
+        positions_end=positions_end,
     )
 
 
@@ -187,15 +193,34 @@ class LlamaModel:
         self.norm = w("model.norm.weight")
         self.lm_head = self.embed if config.tie_word_embeddings else w("lm_head.weight")
         hd = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
-        pos = torch.arange(config.max_position_embeddings, dtype=torch.float32)
-        freqs = torch.outer(pos, inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = emb.cos().to(self.device, dtype)
-        self.sin = emb.sin().to(self.device, dtype)
+        self._inv_freq = 1.0 / (
+            config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+        )
+        # RoPE tables grow with the longest position seen (doubling, up to the configured
+        # maximum), never sized by max_position_embeddings up front: a config may claim
+        # millions of positions that no request will ever reach.
+        self.cos = torch.empty((0, hd), dtype=dtype, device=self.device)
+        self.sin = torch.empty((0, hd), dtype=dtype, device=self.device)
         self.q_size = config.num_attention_heads * hd
         self.kv_size = config.num_key_value_heads * hd
         self.eps = config.rms_norm_eps
+
+    def _rope_upto(self, positions_end: int) -> None:
+        """Make the RoPE tables cover positions [0, positions_end)."""
+        have = self.cos.shape[0]
+        if positions_end <= have:
+            return
+        limit = self.config.max_position_embeddings
+        if positions_end > limit:
+            raise ValueError(
+                f"position {positions_end - 1} is beyond max_position_embeddings ({limit})"
+            )
+        length = min(limit, max(positions_end, 2 * have, ROPE_MIN_POSITIONS))
+        pos = torch.arange(length, dtype=torch.float32)
+        freqs = torch.outer(pos, self._inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos().to(self.device, self.dtype)
+        self.sin = emb.sin().to(self.device, self.dtype)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
@@ -214,6 +239,7 @@ class LlamaModel:
         x = self.embed.index_select(0, batch.token_ids)
         n_tokens = x.shape[0]
         # once per pass, shared by every layer
+        self._rope_upto(batch.positions_end)
         cos = self.cos.index_select(0, batch.positions)[:, None, :]
         sin = self.sin.index_select(0, batch.positions)[:, None, :]
         bs = cache.block_size

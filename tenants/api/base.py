@@ -117,7 +117,7 @@ class TenantScopedMixin:
         if needed not in ctx.scopes:
             who = "token" if ctx.token is not None else f"role {ctx.membership.role!r}"  # type: ignore[union-attr]
             raise exceptions.PermissionDenied(
-                f"This needs the {needed!r} scope; your {who} lacks it."
+                f"This needs the '{needed}' scope; your {who} lacks it."
             )
 
     def check_rate_limit(self, ctx: TenantContext) -> None:

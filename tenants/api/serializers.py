@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Quota, Role, Scope, Tenant
@@ -104,6 +105,10 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
 
 
 class QuotaSerializer(serializers.ModelSerializer):
+    storage_used_bytes = serializers.SerializerMethodField(
+        help_text="Bytes of model artifacts the tenant holds now, against max_storage_bytes."
+    )
+
     class Meta:
         model = Quota
         fields = [
@@ -114,12 +119,22 @@ class QuotaSerializer(serializers.ModelSerializer):
             "max_kv_blocks",
             "requests_per_second",
             "max_storage_bytes",
+            "storage_used_bytes",
             "max_drills",
             "max_concurrent_drill_runs",
             "updated_at",
         ]
-        read_only_fields = ["id", "updated_at"]
+        read_only_fields = ["id", "storage_used_bytes", "updated_at"]
         extra_kwargs = {name: {"required": False} for name in fields}
+
+    @extend_schema_field(serializers.IntegerField())
+    def get_storage_used_bytes(self, quota: Quota) -> int:
+        annotated = getattr(quota, "storage_used_bytes", None)  # quotas_with_storage_used()
+        if annotated is not None:
+            return int(annotated)
+        from serving.selectors import storage_used_bytes  # serving builds on tenants
+
+        return storage_used_bytes(tenant=quota.tenant)
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
@@ -148,3 +163,4 @@ class SignupSerializer(serializers.Serializer):
 class SignupResultSerializer(serializers.Serializer):
     email = serializers.EmailField()
     tenant = TenantSerializer()
+    verification_required = serializers.BooleanField()

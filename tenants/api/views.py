@@ -189,7 +189,9 @@ class QuotaViewSet(
     action_scopes = {"partial_update": Scope.ADMIN}
 
     def scoped_queryset(self, tenant: Tenant) -> Any:
-        return Quota.objects.filter(tenant=tenant)
+        from serving.selectors import quotas_with_storage_used  # serving builds on tenants
+
+        return quotas_with_storage_used(Quota.objects.filter(tenant=tenant))
 
     @extend_schema(request=s.QuotaSerializer, responses=s.QuotaSerializer)
     def partial_update(self, request: Request, pk: str) -> Response:
@@ -215,7 +217,9 @@ class AuditEventViewSet(
 
 
 class SignupView(APIView):
-    """Self-service onboarding: a new account and a new tenant it owns; signs the caller in."""
+    """Self-service onboarding: a new account and a new tenant it owns; signs the caller in
+    (SIGNUP_MODE "open"), or e-mails a verification link first ("verify"); 403 when "closed".
+    Throttled per client IP (429 with Retry-After)."""
 
     tenant_scoped = False
     authentication_classes: list[type] = []
@@ -223,12 +227,22 @@ class SignupView(APIView):
 
     @extend_schema(request=s.SignupSerializer, responses={201: s.SignupResultSerializer})
     def post(self, request: Request) -> Response:
+        if services.signup_mode() == "closed":
+            raise exceptions.PermissionDenied("Signup is closed on this portal.")
+        wait = services.signup_throttle(ip=services.client_ip(request.META))
+        if wait > 0:
+            raise exceptions.Throttled(wait=wait, detail="Too many signup attempts; slow down.")
         data = validated(s.SignupSerializer, request.data)
         user, tenant = services.signup(
             email=data["email"], password=data["password"], organisation=data["organisation"]
         )
-        login(request._request, user, backend="django.contrib.auth.backends.ModelBackend")
-        body = {"email": user.email, "tenant": s.TenantSerializer(tenant).data}  # type: ignore[attr-defined]
+        body: dict[str, Any] = {
+            "email": user.email,  # type: ignore[attr-defined]
+            "tenant": s.TenantSerializer(tenant).data,
+            "verification_required": not user.is_active,
+        }
+        if user.is_active:  # "verify" mode: no session until the e-mailed link is followed
+            login(request._request, user, backend="django.contrib.auth.backends.ModelBackend")
         return Response(body, status=status.HTTP_201_CREATED)
 
 

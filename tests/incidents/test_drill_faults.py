@@ -27,11 +27,13 @@ import pytest
 import redis
 import uvicorn
 from django.conf import settings
+from django.contrib.auth.models import User
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from incidents import drills
 from incidents.drills import faults as drill_faults
+from incidents.drills.policy import PLATFORM_FAULTS
 from incidents.models import ChaosDrill, DrillRun, DrillStatus
 from portal.exceptions import ValidationFailed
 from serving import deployments as deploy
@@ -166,17 +168,28 @@ def plane(monkeypatch: pytest.MonkeyPatch) -> Iterator[DataPlane]:
         dashboard.server_close()
 
 
+def _actor(world: TenantWorld, fault: str) -> Actor:
+    """Platform faults are run by platform staff (incidents.drills.policy)."""
+    if fault not in PLATFORM_FAULTS:
+        return Actor(user=world.owner)
+    staff, _ = User.objects.get_or_create(
+        username="sre@platform.example", defaults={"email": "sre@platform.example",
+                                                   "is_staff": True},
+    )  # fmt: skip
+    return Actor(user=staff)
+
+
 def _drill(world: TenantWorld, fault: str, **extra: Any) -> Any:
     deployment = Deployment.objects.get(tenant=world.tenant, name="assistant")
     data: dict[str, Any] = {"name": f"{fault} drill", "fault": fault, "group": "stable",
                             "duration_s": 10, "steady_state": NO_CONTRACT, **extra}  # fmt: skip
     return drills.drill_create(
-        tenant=world.tenant, actor=Actor(user=world.owner), deployment=deployment, **data
+        tenant=world.tenant, actor=_actor(world, fault), deployment=deployment, **data
     )
 
 
 def _start(world: TenantWorld, drill: Any, plane: DataPlane | None, now: float) -> DrillRun:
-    run = drills.run_start(tenant=world.tenant, actor=Actor(user=world.owner), drill=drill)
+    run = drills.run_start(tenant=world.tenant, actor=_actor(world, drill.fault), drill=drill)
     assert drills.run_advance(run.pk, now) == 0  # -> checking
     assert drills.run_advance(run.pk, now + 0.01) == 0  # the steady state holds -> injecting
     assert drills.run_advance(run.pk, now + 0.02) == drills.STEP_S
@@ -565,7 +578,7 @@ def test_a_second_delay_while_one_is_in_force_is_aborted(
     _ready(world_a)
     _ready(world_b)
     first = _start(world_a, _drill(world_a, "control_plane_delay"), None, now := time.time())
-    second = drills.run_start(tenant=world_b.tenant, actor=Actor(user=world_b.owner),
+    second = drills.run_start(tenant=world_b.tenant, actor=_actor(world_b, "control_plane_delay"),
                               drill=_drill(world_b, "control_plane_delay"))  # fmt: skip
     for step in range(3):
         drills.run_advance(second.pk, now + step / 10)

@@ -32,6 +32,12 @@ def _eager_retries_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(celery_app.conf, "task_eager_propagates", False)
 
 
+@pytest.fixture(autouse=True)
+def _loopback_receivers_allowed(settings: Any) -> None:
+    # The receiver listens on 127.0.0.1, which webhooks may reach only when the platform says so.
+    settings.WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+
+
 class Receiver:
     """A webhook receiver: answers with the scripted codes (then 200), checks signatures."""
 

@@ -47,6 +47,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation.stateful import run_state_machine_as_test
 
+from portal import netguard
 from serving.deployment_models import Deployment
 from serving.deployments import inference_key_create
 from tenants import services as tenant_services
@@ -398,6 +399,8 @@ def _no_egress(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     monkeypatch.setattr(socket.socket, "connect", connect)
+    # Channel creation resolves webhook hosts: answered here, never by DNS (nothing is sent).
+    monkeypatch.setattr(netguard, "resolve", lambda host, port: ["127.0.0.1"])
     monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
     yield attempts
     assert attempts == [], f"the API tried to reach the network: {attempts}"

@@ -62,10 +62,14 @@ def test_staff_create_a_shared_pool(world_a: TenantWorld, staff_client: Client) 
             "num_gpus": 0,
             "kv_blocks": 256,
             "block_size": 16,
+            "min_tenants": 4,
+            "max_num_seqs": 32,
+            "allowed_tenants": [world_a.tenant.pk],
             "is_active": "on",
             "created_at_0": "2026-12-02",
             "created_at_1": "12:00:00",
         },
     )
     assert response.status_code == 302, response.content.decode()[:2000]
-    assert SharedPool.objects.get(name="tiny").kv_blocks == 256
+    pool = SharedPool.objects.get(name="tiny")
+    assert pool.kv_blocks == 256 and list(pool.allowed_tenants.all()) == [world_a.tenant]

@@ -440,4 +440,4 @@ def test_the_asgi_application_is_wrapped() -> None:
         http._limit_for("/api/v1/models/3/versions/upload/") == settings.ARTIFACT_UPLOAD_MAX_BYTES
     )
     assert http._limit_for("/t/acme/models/3/upload/") > settings.ARTIFACT_UPLOAD_MAX_BYTES
-    assert http._limit_for("/api/v1/models/") is None
+    assert http._limit_for("/api/v1/models/") == settings.REQUEST_BODY_MAX_BYTES

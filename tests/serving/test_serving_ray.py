@@ -292,7 +292,9 @@ def test_shared_pool_keeps_tenants_prefixes_and_blocks_apart(
         hits_a = first[a]["prefix_hits"]
         # B sends A's exact prompt: no hits for B (its salt differs), A unaffected.
         assert _post(http, url_b, keys["globex"], prompt=long_prompt).status_code == 200
-        stats = _pool_stats("platform.tiny.pool", [a, b], lambda s: s[b].get("prefix_queries", 0) > 0)
+        stats = _pool_stats(
+            "platform.tiny.pool", [a, b], lambda s: s[b].get("prefix_queries", 0) > 0
+        )
         assert stats[b]["prefix_hits"] == 0
         # B floods long distinct prompts far beyond its 16 blocks: it evicts only its own.
         for i in range(12):

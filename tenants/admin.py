@@ -1,5 +1,7 @@
 from django.contrib import admin
 
+from tenants import services
+from tenants.actors import Actor
 from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Quota, Tenant
 
 
@@ -7,6 +9,36 @@ from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Quota, 
 class TenantAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "plan", "is_active", "created_at"]
     search_fields = ["slug", "name"]
+    actions = ["suspend", "reinstate"]
+
+    def save_model(self, request, obj, form, change):  # type: ignore[no-untyped-def]
+        """Suspension goes through the service (audit, reconcile, drills, notifications)."""
+        if change and "is_active" in form.changed_data:
+            wanted = obj.is_active
+            obj.is_active = not wanted
+            super().save_model(request, obj, form, change)
+            services.tenant_set_suspended(
+                tenant=obj, actor=Actor(user=request.user), suspended=not wanted,
+                reason="changed in the admin",
+            )  # fmt: skip
+            obj.is_active = wanted
+            return
+        super().save_model(request, obj, form, change)
+
+    @admin.action(description="Suspend the selected tenants (traffic, drills, notifications)")
+    def suspend(self, request, queryset):  # type: ignore[no-untyped-def]
+        for tenant in queryset:
+            services.tenant_set_suspended(
+                tenant=tenant, actor=Actor(user=request.user), suspended=True,
+                reason="suspended in the admin",
+            )  # fmt: skip
+
+    @admin.action(description="Reinstate the selected tenants")
+    def reinstate(self, request, queryset):  # type: ignore[no-untyped-def]
+        for tenant in queryset:
+            services.tenant_set_suspended(
+                tenant=tenant, actor=Actor(user=request.user), suspended=False
+            )
 
 
 @admin.register(Membership)

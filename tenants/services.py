@@ -344,6 +344,39 @@ def tenant_update(*, tenant: Tenant, actor: Actor, name: str) -> Tenant:
     return locked
 
 
+def tenant_set_suspended(
+    *, tenant: Tenant, actor: Actor, suspended: bool, reason: str = ""
+) -> Tenant:
+    """Suspend (or reinstate) a tenant: platform staff only. Its pages, API and tokens refuse
+    at once; after commit its routers are reconciled to refuse its traffic (403
+    tenant_suspended), its drill runs abort at their next step, its notifications stop."""
+    from tenants.signals import tenant_suspension_changed
+
+    if not actor.is_platform_staff:
+        raise PermissionDeniedError("Only platform staff can suspend a tenant.", field="is_active")
+    reason = " ".join((reason or "").split())[:500]
+    with transaction.atomic():
+        locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        if locked.is_active == (not suspended):
+            return locked
+        locked.is_active = not suspended
+        locked.save(update_fields=["is_active"])
+        audit_record(
+            tenant=locked,
+            actor=actor,
+            action="tenant.suspended" if suspended else "tenant.reinstated",
+            obj=locked,
+            before={"is_active": suspended},
+            after={"is_active": not suspended, "reason": reason},
+        )
+
+        def tell() -> None:
+            tenant_suspension_changed.send(sender=Tenant, tenant=locked, suspended=suspended)
+
+        transaction.on_commit(tell)
+    return locked
+
+
 # --- members -----------------------------------------------------------------------------
 
 

@@ -36,6 +36,13 @@ def acts_for_platform(actor: Actor, drill: ChaosDrill) -> bool:
     return actor.system == "schedule" and creator is not None and bool(creator.is_staff)
 
 
+def _current(drill: ChaosDrill) -> DeploymentRevision | None:
+    """The deployment's current revision, read now (a drill is checked again at each start)."""
+    from serving.deployment_models import DeploymentRevision
+
+    return DeploymentRevision.objects.filter(current_of__pk=drill.deployment_id).first()
+
+
 def _on_shared_pool(revision: DeploymentRevision | None) -> bool:
     return revision is not None and revision.kv_mode == "shared"
 
@@ -50,7 +57,7 @@ def check_allowed(*, actor: Actor, drill: ChaosDrill) -> None:
             "staff may run it.",
             field="fault",
         )
-    if _on_shared_pool(drill.deployment.current_revision):
+    if _on_shared_pool(_current(drill)):
         raise PermissionDeniedError(
             "this deployment is served by a shared pool: a fault there lands on every tenant "
             "of the pool, so only platform staff may drill it.",
@@ -71,7 +78,7 @@ def check_size(drill: ChaosDrill) -> None:
     from portal.exceptions import ValidationFailed
     from serving.replica_limits import leak_cap_mb, leak_cap_reason
 
-    revision = drill.deployment.current_revision
+    revision = _current(drill)
     params = drill.parameters
     if drill.fault == FaultKind.GPU_MEMORY_LEAK and revision is not None:
         shape = {"num_cpus": revision.num_cpus, "num_gpus": revision.num_gpus}

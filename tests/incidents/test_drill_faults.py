@@ -35,7 +35,7 @@ from incidents import drills
 from incidents.drills import faults as drill_faults
 from incidents.drills.policy import PLATFORM_FAULTS
 from incidents.models import ChaosDrill, DrillRun, DrillStatus
-from portal.exceptions import ValidationFailed
+from portal.exceptions import PermissionDeniedError, ValidationFailed
 from serving import deployments as deploy
 from serving import health
 from serving.control.cluster import RayTarget
@@ -358,7 +358,11 @@ def test_a_shared_deployment_cannot_take_the_probe(world_a: TenantWorld) -> None
     drill = _drill(world_a, "kv_pollution_probe")
     # As if it ran on a shared pool (no pool needed: the run stops before anything is applied).
     DeploymentRevision.objects.filter(pk=deployment.current_revision_id).update(kv_mode="shared")
-    run = drills.run_start(tenant=world_a.tenant, actor=Actor(user=world_a.owner), drill=drill)
+    # A tenant cannot drill a pool at all (incidents.drills.policy); staff get the precheck's no.
+    with pytest.raises(PermissionDeniedError):
+        drills.run_start(tenant=world_a.tenant, actor=Actor(user=world_a.owner), drill=drill)
+    run = drills.run_start(tenant=world_a.tenant, actor=_actor(world_a, "control_plane_delay"),
+                           drill=drill)  # fmt: skip
     now = time.time()
     for step in range(3):
         drills.run_advance(run.pk, now + step / 10)

@@ -1,0 +1,311 @@
+"""The hostile-tenant suite: one tenant (Acme) attacks through the public API and the data
+plane while its neighbour (Globex) serves steady traffic on the same local Ray cluster.
+
+The attacks: colliding names, floods within and beyond its own capacity, long prompts, every
+drill a tenant may start (and the ones it may not), webhook targets of every refused kind,
+oversized and expanding uploads, many tenants per user. Asserted: the neighbour sees 0 failed
+requests, its deployment changes still apply, its p99 latency rises by at most
+NEIGHBOUR_P99_FACTOR (the measured factor is printed), and every hostile action got a clear
+4xx whose body names the field."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import statistics
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings as django_settings
+from rest_framework.test import APIClient
+
+from serving import deployments
+from serving.control import reconcile as control
+from serving.deployment_models import Deployment, DeploymentStatus
+from serving.engine.testing import write_tiny_checkpoint
+from tenants.actors import Actor
+from tenants.models import Quota
+from tests.conftest import TenantWorld
+from tests.ray_cluster import RayCluster
+from tests.serving.test_serving_ray import _apply, _key, _ready_version, _served
+
+pytestmark = [pytest.mark.ray, pytest.mark.django_db]
+
+# On two shared cores the flood's CPU is the neighbour's CPU: a bounded slowdown, no failure.
+# Measured here: 2.5-7x (p99 23-32 ms before, 78-167 ms under attack); the bound leaves CI room.
+NEIGHBOUR_P99_FACTOR = 20.0
+PROMPT = "The quick brown fox jumps over the lazy dog."
+
+
+@dataclass
+class Steady:
+    """The neighbour's client: one request in flight at a time, every answer recorded."""
+
+    url: str
+    key: str
+    latencies: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    mark: int = 0
+
+    def run(self) -> None:
+        with httpx.Client(timeout=60, trust_env=False) as http:
+            while not self.stop.is_set():
+                started = time.perf_counter()
+                try:
+                    answer = http.post(
+                        self.url,
+                        json={"prompt": PROMPT, "max_tokens": 2, "temperature": 0},
+                        headers={"authorization": f"Bearer {self.key}"},
+                    )
+                    if answer.status_code != 200:
+                        self.failures.append(f"{answer.status_code}: {answer.text[:200]}")
+                except httpx.HTTPError as exc:
+                    self.failures.append(f"{type(exc).__name__}: {exc}")
+                self.latencies.append(time.perf_counter() - started)
+                time.sleep(0.02)
+
+    def p99(self, since: int = 0, until: int | None = None) -> float:
+        window = sorted(self.latencies[since:until])
+        return window[min(len(window) - 1, int(0.99 * len(window)))]
+
+
+@pytest.fixture
+def neighbour(world_b: TenantWorld, ray_cluster: RayCluster) -> Iterator[Steady]:
+    url = f"{ray_cluster.serve_url}/globex/assistant/v1/completions"
+    steady = Steady(url=url, key=_key(world_b, _served(world_b)))
+    yield steady
+    steady.stop.set()
+
+
+@dataclass
+class Refusals:
+    """Every hostile action's answer: (what, status, fields named)."""
+
+    rows: list[tuple[str, int, str]] = field(default_factory=list)
+
+    def expect(self, what: str, response: Any, status: int | tuple[int, ...], name: str) -> None:
+        statuses = (status,) if isinstance(status, int) else status
+        body = response.json() if response.content else {}
+        error = body.get("error", {})
+        named = ",".join(sorted(error.get("fields") or {}))
+        self.rows.append((what, response.status_code, named or error.get("message", "")[:60]))
+        assert response.status_code in statuses, (what, response.status_code, body)
+        assert name in (error.get("fields") or {}) or name in error.get("message", ""), (
+            what,
+            body,
+        )
+
+
+def _tar_expanding_to(size: int) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        info = tarfile.TarInfo("config.json")
+        info.size = size
+        archive.addfile(info, io.BytesIO(b"\0" * size))
+    return buffer.getvalue()
+
+
+async def _flood(url: str, key: str, concurrency: int, seconds: float) -> dict[int, int]:
+    """The hostile tenant floods its own route: `concurrency` long prompts in flight."""
+    statuses: dict[int, int] = {}
+    deadline = time.monotonic() + seconds
+    long_prompt = ("tokens " * 80).strip()  # within the context, heavy on the KV cache
+
+    async def one(client: httpx.AsyncClient) -> None:
+        while time.monotonic() < deadline:
+            try:
+                answer = await client.post(
+                    url,
+                    json={"prompt": long_prompt, "max_tokens": 16, "temperature": 0},
+                    headers={"authorization": f"Bearer {key}"},
+                )
+                statuses[answer.status_code] = statuses.get(answer.status_code, 0) + 1
+            except httpx.HTTPError:
+                statuses[0] = statuses.get(0, 0) + 1
+
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(timeout=60, trust_env=False, limits=limits) as client:
+        await asyncio.gather(*(one(client) for _ in range(concurrency)))
+    return statuses
+
+
+def test_a_hostile_tenant_cannot_break_slow_starve_or_reach_its_neighbour(
+    world_a: TenantWorld,
+    world_b: TenantWorld,
+    ray_cluster: RayCluster,
+    neighbour: Steady,
+    tmp_path: Path,
+    settings: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings.WEBHOOK_ALLOWED_NETWORKS = []  # the platform's default: public addresses only
+    settings.ARTIFACT_STORE_DIR = tmp_path / "store"
+    api = world_a.client()
+    refused = Refusals()
+    hostile_owner = Actor(user=world_a.owner)
+
+    # --- colliding names: `assistant--canary` beside `assistant` with a canary -------------
+    assistant = _served(world_a)
+    v2 = _ready_version(world_a, write_tiny_checkpoint(tmp_path / "v2", seed=5), "v2")
+    deployments.deployment_set_canary(
+        tenant=world_a.tenant, actor=hostile_owner, deployment=assistant, version_id=v2.pk,
+        percent=10,
+    )  # fmt: skip
+    Quota.objects.filter(tenant=world_a.tenant).update(max_deployments=3)
+    created = api.post(
+        "/api/v1/deployments/",
+        # A 16-block KV cache: the flood's prompts can never fit there (beyond its quota).
+        {"name": "assistant--canary", "version": v2.pk, "num_cpus": 0.25, "kv_blocks": 16},
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    hostile_key = _key(world_a, assistant)
+    small_key = _key(world_a, Deployment.objects.get(pk=created.json()["id"]))
+    _apply(ray_cluster, ["acme.assistant", "acme.assistant.canary", "acme.assistant--canary",
+                         "globex.assistant"], timeout=240)  # fmt: skip
+    for deployment in Deployment.objects.filter(deleted_at__isnull=True):
+        assert deployment.status == DeploymentStatus.RUNNING, deployment.status_message
+
+    # --- the neighbour's baseline ------------------------------------------------------------
+    thread = threading.Thread(target=neighbour.run, daemon=True)
+    thread.start()
+    time.sleep(8)
+    baseline_end = len(neighbour.latencies)
+    assert baseline_end >= 20, "the neighbour's steady traffic did not start"
+
+    # --- floods within and beyond the hostile tenant's own capacity ------------------------
+    hostile_url = f"{ray_cluster.serve_url}/acme/assistant/v1/completions"
+    small_url = f"{ray_cluster.serve_url}/acme/assistant--canary/v1/completions"
+
+    async def floods() -> tuple[dict[int, int], dict[int, int]]:
+        return await asyncio.gather(
+            _flood(hostile_url, hostile_key, concurrency=32, seconds=8),
+            _flood(small_url, small_key, concurrency=16, seconds=8),
+        )
+
+    flood, beyond = asyncio.run(floods())
+    assert flood.get(200, 0) > 0, flood  # its own replicas served what they could take
+    assert beyond.get(429, 0) > 0 and set(beyond) == {429}, beyond  # kv_quota_exceeded
+    for answers in (flood, beyond):
+        assert not [s for s in answers if s == 0 or s >= 500], answers  # clear 4xx only
+    # A prompt far beyond the model's context and an absurd max_tokens: the guard's 400s.
+    with httpx.Client(timeout=60, trust_env=False) as http:
+        auth = {"authorization": f"Bearer {hostile_key}"}
+        long = http.post(hostile_url, headers=auth,
+                         json={"prompt": "x " * 200_000, "max_tokens": 1})  # fmt: skip
+        assert long.status_code in (400, 413), long.text
+        too_many = http.post(hostile_url, headers=auth,
+                             json={"prompt": PROMPT, "max_tokens": 10**9})  # fmt: skip
+        assert too_many.status_code == 400 and "max_tokens" in too_many.text
+
+    # --- drills: the platform's are refused, the tenant's bounded ---------------------------
+    drill = {"group": "stable", "duration_s": 10,
+             "steady_state": {"contract": False, "probes": [{"sli": "error_rate", "max": 0.5}]},
+             "deployment": assistant.pk}  # fmt: skip
+    for name, fault, extra, status, named in [
+        ("control_plane_delay", "control_plane_delay", {}, 403, "fault"),
+        ("huge leak", "gpu_memory_leak", {"parameters": {"max_mb": 1_000_000}}, 400,
+         "parameters.max_mb"),
+        ("flood beyond capacity", "token_starvation", {"parameters": {"concurrency": 64}}, 400,
+         "parameters.concurrency"),
+    ]:  # fmt: skip
+        response = api.post("/api/v1/drills/", {**drill, "name": name, "fault": fault, **extra},
+                            format="json")  # fmt: skip
+        refused.expect(f"drill {name}", response, status, named)
+    Quota.objects.filter(tenant=world_a.tenant).update(max_drills=2)
+    allowed = [("errors", "error_burst", {"traffic_share": 0.2}),
+               ("slow", "latency_spike", {"traffic_share": 0.2})]  # fmt: skip
+    made = []
+    for name, fault, extra in allowed:
+        response = api.post("/api/v1/drills/", {**drill, "name": name, "fault": fault, **extra},
+                            format="json")  # fmt: skip
+        assert response.status_code == 201, response.content
+        made.append(response.json()["id"])
+    started = api.post(f"/api/v1/drills/{made[0]}/runs/")
+    assert started.status_code in (201, 202), started.content
+    refused.expect("a second concurrent drill run", api.post(f"/api/v1/drills/{made[1]}/runs/"),
+                   409, "deployment")  # fmt: skip
+    response = api.post("/api/v1/drills/", {**drill, "name": "third", "fault": "replica_hang"},
+                        format="json")  # fmt: skip
+    refused.expect("drill beyond max_drills", response, 403, "name")
+
+    # --- webhook targets of every refused kind ------------------------------------------------
+    dashboard = ray_cluster.dashboard_url
+    for target in [
+        "http://127.0.0.1:8000/hook",
+        "http://localhost/hook",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://10.0.0.1/",
+        "http://[::1]/",
+        "http://[::ffff:127.0.0.1]/",
+        "http://2130706433/",
+        "http://0x7f000001/",
+        f"{dashboard}/api/serve/applications/",
+        "http://127.0.0.1:6379/",
+        "ftp://example.net/",
+        "http://u:p@example.net/",
+    ]:
+        response = api.post("/api/v1/notification-channels/",
+                            {"kind": "webhook", "name": target[:60], "url": target},
+                            format="json")  # fmt: skip
+        refused.expect(f"webhook {target}", response, 400, "url")
+
+    # --- oversized and expanding uploads ------------------------------------------------------
+    upload = f"/api/v1/models/{world_a.model.pk}/versions/upload/?label=bomb"
+    Quota.objects.filter(tenant=world_a.tenant).update(max_storage_bytes=1024**2)
+    response = api.generic("POST", upload, _tar_expanding_to(2 * 1024**2),
+                           content_type="application/gzip")  # fmt: skip
+    refused.expect("upload expanding beyond the storage quota", response, 403, "artifact")
+    settings.ARTIFACT_UPLOAD_MAX_BYTES = 64 * 1024
+    response = api.generic("POST", upload.replace("bomb", "big"), b"\0" * (65 * 1024),
+                           content_type="application/x-tar")  # fmt: skip
+    refused.expect("upload beyond the upload cap", response, 413, "artifact")
+
+    # --- many tenants per user ------------------------------------------------------------------
+    session = APIClient()
+    session.force_login(world_a.owner)
+    statuses = []
+    for n in range(django_settings.MAX_TENANTS_PER_USER + 1):
+        response = session.post("/api/v1/tenants/", {"name": f"Acme shell {n}"}, format="json")
+        statuses.append(response.status_code)
+    refused.expect("one tenant too many", response, 400, "name")
+    assert statuses.count(201) == django_settings.MAX_TENANTS_PER_USER - 1  # it owns Acme
+
+    # --- the neighbour's changes still apply ---------------------------------------------------
+    world_b_key = _key(world_b, _served(world_b))  # a new key: a new revision to reconcile
+    run = control.reconcile(target=ray_cluster.target)
+    assert run.ok and "globex" not in (run.error or ""), run.error
+    with httpx.Client(timeout=60, trust_env=False) as http:
+        for _ in range(100):
+            answer = http.post(neighbour.url, headers={"authorization": f"Bearer {world_b_key}"},
+                               json={"prompt": PROMPT, "max_tokens": 1})  # fmt: skip
+            if answer.status_code == 200:
+                break
+            time.sleep(0.2)
+        assert answer.status_code == 200, answer.text
+
+    attack_end = len(neighbour.latencies)
+    neighbour.stop.set()
+    thread.join(timeout=60)
+    assert neighbour.failures == [], neighbour.failures[:5]
+    base_p99 = neighbour.p99(0, baseline_end)
+    attack_p99 = neighbour.p99(baseline_end, attack_end)
+    factor = attack_p99 / base_p99
+    with capsys.disabled():
+        print(f"\nhostile-tenant suite: neighbour {attack_end} requests, 0 failed; p99 "
+              f"{base_p99 * 1000:.1f} ms before, {attack_p99 * 1000:.1f} ms under attack "
+              f"({factor:.2f}x, limit {NEIGHBOUR_P99_FACTOR:g}x); median "
+              f"{statistics.median(neighbour.latencies) * 1000:.1f} ms; hostile floods "
+              f"answered {dict(sorted(flood.items()))} within and {dict(sorted(beyond.items()))} "
+              "beyond its quota")  # fmt: skip
+        for what, status, named in refused.rows:
+            print(f"  {status} {named:<28} {what}")
+    assert factor <= NEIGHBOUR_P99_FACTOR

@@ -16,6 +16,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from portal.exceptions import ConflictError, QuotaExceeded, ValidationFailed
+from serving import replica_limits
 from serving.dataplane import faults as faults_catalogue
 from serving.deployment_models import (
     DEPLOYMENT_NAME_RE,
@@ -93,8 +94,11 @@ def _checked_map(raw: Any, field: str, limits: Mapping[str, tuple[float, float]]
     return clean
 
 
-def _clean_spec(tenant: Tenant, spec: dict[str, Any]) -> dict[str, Any]:
-    """Validate a whole desired state; ValidationFailed names the first bad field."""
+def _clean_spec(
+    tenant: Tenant, spec: dict[str, Any], *, current_pool_id: int | None = None
+) -> dict[str, Any]:
+    """Validate a whole desired state; ValidationFailed names the first bad field.
+    `current_pool_id`: the pool the deployment is on now (staying there is no new join)."""
     out = dict(spec)
     autoscaling = out.get("autoscaling")
     if autoscaling:
@@ -150,6 +154,13 @@ def _clean_spec(tenant: Tenant, spec: dict[str, Any]) -> dict[str, Any]:
         pool = SharedPool.objects.filter(pk=pool_id or 0, is_active=True).first()
         if pool is None:
             raise ValidationFailed("a shared deployment needs an active pool.", field="pool")
+        # Joining a pool is the platform's grant, per tenant (a tenant the platform later
+        # removes keeps its deployment, which reconcile then refuses to serve from the pool).
+        if pool.pk != current_pool_id and not pool.allowed_tenants.filter(pk=tenant.pk).exists():
+            raise ValidationFailed(
+                f"this tenant is not allowed on pool {pool.name}; the platform grants pool access.",
+                field="pool",
+            )
         if out.get("canary_version_id"):
             raise ValidationFailed(
                 "shared pools serve one version: no canary.", field="canary_version"
@@ -168,7 +179,21 @@ def _clean_spec(tenant: Tenant, spec: dict[str, Any]) -> dict[str, Any]:
         out["faults"] = faults_catalogue.validate_faults(out.get("faults"), "faults")
     except faults_catalogue.FaultSpecError as exc:
         raise ValidationFailed(exc.message, field=exc.field) from None
+    _check_leak_caps(out)
     return out
+
+
+def _check_leak_caps(spec: dict[str, Any]) -> None:
+    """A memory-leak fault takes at most a share of the replica's own memory (its neighbours
+    on the node run in the rest), whoever sets it: a drill or the deployment's settings."""
+    shape = {"num_cpus": float(spec["num_cpus"]), "num_gpus": float(spec["num_gpus"])}
+    for group, faults in spec["faults"].items():
+        leak = faults.get("gpu_memory_leak")
+        if leak and float(leak["max_mb"]) > replica_limits.leak_cap_mb(**shape):
+            raise ValidationFailed(
+                replica_limits.leak_cap_reason(**shape),
+                field=f"faults.{group}.gpu_memory_leak.max_mb",
+            )
 
 
 def _live(tenant: Tenant) -> QuerySet[Deployment]:
@@ -358,7 +383,7 @@ def deployment_change(
                 )
         if "num_replicas" in changes and changes["num_replicas"] is not None:
             changes.setdefault("autoscaling", None)
-        spec = _clean_spec(tenant, {**current.spec(), **changes})
+        spec = _clean_spec(tenant, {**current.spec(), **changes}, current_pool_id=current.pool_id)
         if spec == current.spec():
             return current  # nothing changes: no revision, no reconcile
         _check_quota(tenant, spec, replacing=locked)

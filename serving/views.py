@@ -366,6 +366,9 @@ def _deployment_page(
     canary = revision is not None and revision.canary_version_id is not None
     percent = forms.plain(revision.canary_percent) if revision is not None and canary else None
     context: dict[str, Any] = {
+        "pool_share": deployment_selectors.deployment_pool_share(
+            tenant=tenant, deployment=deployment
+        ),
         "d": deployment,
         "rev": revision,
         "history": _revision_history(tenant, deployment),

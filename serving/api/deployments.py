@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -109,6 +109,39 @@ class DeploymentSerializer(serializers.ModelSerializer):
         return f"/{obj.tenant.slug}/{obj.name}/v1"
 
 
+class PoolShareSerializer(serializers.Serializer):
+    """A shared deployment's fair share of its pool (all pool replicas together) and what it
+    uses now, as the pool's replicas publish it (null while none has)."""
+
+    pool = serializers.CharField(read_only=True)
+    allowed = serializers.BooleanField(
+        read_only=True, help_text="false: the platform revoked this tenant's place in the pool"
+    )
+    tenants_min = serializers.IntegerField(
+        read_only=True, help_text="the pool is shared as if by at least this many tenants"
+    )
+    replicas = serializers.IntegerField(read_only=True)
+    quota_blocks = serializers.IntegerField(read_only=True)
+    max_running = serializers.IntegerField(read_only=True)
+    blocks_used = serializers.IntegerField(read_only=True, allow_null=True)
+    running = serializers.IntegerField(read_only=True, allow_null=True)
+    waiting = serializers.IntegerField(read_only=True, allow_null=True)
+    replicas_reporting = serializers.IntegerField(read_only=True, allow_null=True)
+
+
+class DeploymentDetailSerializer(DeploymentSerializer):
+    pool_share = serializers.SerializerMethodField()
+
+    class Meta(DeploymentSerializer.Meta):
+        fields = [*DeploymentSerializer.Meta.fields, "pool_share"]
+        read_only_fields = fields
+
+    @extend_schema_field(PoolShareSerializer(allow_null=True))
+    def get_pool_share(self, obj: Deployment) -> dict[str, Any] | None:
+        share = selectors.deployment_pool_share(tenant=obj.tenant, deployment=obj)
+        return None if share is None else dict(PoolShareSerializer(share).data)
+
+
 class DeploymentCreatedSerializer(DeploymentSerializer):
     inference_key = serializers.CharField(read_only=True, help_text="shown only once")
 
@@ -164,6 +197,11 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
 
     def scoped_queryset(self, tenant: Tenant) -> Any:
         return selectors.deployment_list(tenant=tenant)
+
+    @extend_schema(responses=DeploymentDetailSerializer)
+    def retrieve(self, request: Request, pk: str) -> Response:
+        """One deployment; a shared one also shows its share of the pool (`pool_share`)."""
+        return Response(DeploymentDetailSerializer(self.get_object()).data)
 
     def _out(self, deployment: Deployment, code: int = 200, **extra: Any) -> Response:
         fresh = selectors.deployment_list(tenant=self.ctx.tenant).get(pk=deployment.pk)

@@ -11,7 +11,10 @@ Per portal deployment, one or two Serve applications:
 
 A version slot's user_config says which weights (artifact, fingerprint), the tenant's cache
 salt and block quota, and its faults. A shared deployment's router stays a thin router in
-front of the pool's application (`platform.<pool>.pool`). Every name comes from
+front of the pool's application (`platform.<pool>.pool`), holding the tenant's share of the
+pool's request slots; the pool's user_config gives every tenant its fair share
+(`fair_share()`). A router whose tenant is suspended, or no longer allowed on its pool,
+answers 403 to everything (user_config: no restart either way). Every name comes from
 `serving.control.names`, whose scheme cannot collide whatever the tenants' names.
 
 Everything a rollout or rollback changes lives in user_config, so Serve reconfigures live
@@ -60,13 +63,57 @@ class SlotSpec:
 
 
 @dataclass(frozen=True)
+class FairShare:
+    """What one tenant of a shared pool may hold in each pool replica."""
+
+    quota_blocks: int  # KV blocks (cached ones included)
+    max_running: int  # sequences running at once
+    request_slots: int  # the tenant's requests in the pool at once (all replicas)
+
+
+def fair_share(
+    *,
+    plan_blocks: int,
+    kv_blocks: int,
+    max_num_seqs: int,
+    min_tenants: int,
+    max_ongoing_requests: int,
+    num_replicas: int = 1,
+) -> FairShare:
+    """A pool tenant's share: its plan's blocks, never above the pool's size divided by the
+    pool's minimum number of tenants; a `1 / min_tenants` part of the batch and of the
+    pool's request slots (at least one of each). The one rule: reconcile compiles it, the
+    portal shows it."""
+    parts = max(1, min_tenants)
+    return FairShare(
+        quota_blocks=max(0, min(plan_blocks, kv_blocks // parts)),
+        max_running=max(1, max_num_seqs // parts),
+        request_slots=max(1, max_ongoing_requests * max(1, num_replicas) // parts),
+    )
+
+
+def pool_max_ongoing(max_num_seqs: int) -> int:
+    """A pool replica takes twice its batch: each tenant's next requests wait in that tenant's
+    own queue in the engine, ready for the next free slot."""
+    return max(32, 2 * max_num_seqs)
+
+
+@dataclass(frozen=True)
+class PoolTenant:
+    salt: str  # the tenant's cache salt, hex
+    quota_blocks: int
+    max_running: int
+
+
+@dataclass(frozen=True)
 class PoolSpec:
     """A platform-run shared KV pool: one model served to many tenants, each with its own
-    cache salt and block quota (a tenant at its quota evicts only its own blocks)."""
+    cache salt, block quota (a tenant at its quota evicts only its own blocks) and share of
+    the batch (`max_running`)."""
 
     name: str
     slot: SlotSpec
-    tenants: dict[str, tuple[str, int]]  # tenant id -> (cache salt hex, quota in blocks)
+    tenants: dict[str, PoolTenant]  # tenant id -> its salt and share
     num_replicas: int = 1
     num_cpus: float = 1.0
     num_gpus: float = 0.0
@@ -106,6 +153,10 @@ class DeploymentSpec:
     faults: dict[str, Any] = field(default_factory=dict)
     router_replicas: int = 1
     pool: str | None = None  # kv_mode "shared": the PoolSpec name serving this deployment
+    # kv_mode "shared": the tenant's requests in the pool at once (FairShare.request_slots)
+    pool_slots: int = 0
+    pool_access: bool = True  # False: the platform revoked the tenant's place in the pool
+    suspended: str = ""  # why the tenant is suspended ("" when active): every request is a 403
     deployment_id: int = 0  # the portal's id (reconcile marks a refused deployment by it)
 
     @property
@@ -215,8 +266,12 @@ def _pool_app(pool: PoolSpec, telemetry: dict[str, Any]) -> dict[str, Any]:
                     "fingerprint": pool.slot.fingerprint,
                     "kv_mode": "shared",
                     "tenants": {
-                        tenant: {"salt": salt, "quota_blocks": quota}
-                        for tenant, (salt, quota) in sorted(pool.tenants.items())
+                        tenant: {
+                            "salt": share.salt,
+                            "quota_blocks": share.quota_blocks,
+                            "max_running": share.max_running,
+                        }
+                        for tenant, share in sorted(pool.tenants.items())
                     },
                     "faults": {},
                     "telemetry": telemetry,
@@ -242,12 +297,15 @@ def _router_app(spec: DeploymentSpec, telemetry: dict[str, Any]) -> dict[str, An
         "guard": dict(spec.guard),
         "breaker": dict(spec.breaker),
         "telemetry": telemetry,
+        "suspended": spec.suspended,
     }
     if spec.pool is not None:
         user_config["canary_percent"] = 0
         user_config["groups"] = {
             "stable": {"app": names.pool_app(spec.pool), "version": spec.stable.version}
         }
+        user_config["pool_slots"] = spec.pool_slots
+        user_config["pool_access_revoked"] = not spec.pool_access
         shape: dict[str, Any] = {
             "num_replicas": spec.router_replicas,
             "max_ongoing_requests": max(64, spec.max_ongoing_requests * 4),

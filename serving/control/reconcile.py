@@ -28,11 +28,13 @@ from serving.control.compile import (
     DeploymentSpec,
     GpuNodesSpec,
     PoolSpec,
+    PoolTenant,
     SlotSpec,
     compile_config,
     deployment_apps,
     gpu_nodes_apps,
     pool_apps,
+    pool_max_ongoing,
 )
 from serving.control.names import GPU_NODES_APP, BadName
 from serving.control.serve_api import AppInfo, AppStatus, ServeApiClient
@@ -46,6 +48,7 @@ from serving.deployment_models import (
     ReconcileRun,
     SharedPool,
 )
+from serving.deployment_selectors import pool_share
 from serving.models import ModelVersion
 from tenants.models import Quota
 
@@ -95,7 +98,13 @@ def _slot(version: ModelVersion) -> SlotSpec:
     )
 
 
-def _spec(deployment: Deployment, revision: DeploymentRevision) -> DeploymentSpec:
+def _spec(
+    deployment: Deployment,
+    revision: DeploymentRevision,
+    *,
+    pool_slots: int = 0,
+    pool_access: bool = True,
+) -> DeploymentSpec:
     tenant = deployment.tenant
     canary = revision.canary_version
     return DeploymentSpec(
@@ -122,12 +131,20 @@ def _spec(deployment: Deployment, revision: DeploymentRevision) -> DeploymentSpe
         breaker=revision.breaker,
         faults=revision.faults,
         pool=revision.pool.name if revision.pool is not None else None,
+        pool_slots=pool_slots,
+        pool_access=pool_access,
+        suspended="" if tenant.is_active else "the platform suspended it",
     )
 
 
 def desired_state() -> tuple[list[DeploymentSpec], list[PoolSpec], list[int]]:
-    """Specs of every live deployment's current revision; also those revisions' ids."""
-    live = (
+    """Specs of every live deployment's current revision; also those revisions' ids.
+
+    A shared pool serves only the tenants it allows (`SharedPool.allowed_tenants`) that are
+    not suspended, each with its fair share (`pool_share`); the router of a deployment whose
+    tenant lost its place answers 403 `pool_access_revoked` (its spec still compiles, so the
+    last good config, which served it, does not live on)."""
+    live = list(
         Deployment.objects.filter(deleted_at__isnull=True, current_revision__isnull=False)
         .select_related(
             "tenant",
@@ -137,37 +154,66 @@ def desired_state() -> tuple[list[DeploymentSpec], list[PoolSpec], list[int]]:
         )
         .order_by("pk")
     )
+    shared = [
+        d for d in live
+        if d.current_revision is not None and d.current_revision.kv_mode == KvMode.SHARED
+        and d.current_revision.pool_id
+    ]  # fmt: skip
+    pool_ids = {
+        d.current_revision.pool_id
+        for d in shared
+        if d.current_revision is not None and d.current_revision.pool_id is not None
+    }
+    pools = {
+        pool.pk: pool
+        for pool in SharedPool.objects.filter(pk__in=pool_ids)
+        .select_related("model_version__model")
+        .prefetch_related("allowed_tenants")
+    }
+    allowed = {pk: {t.pk for t in pool.allowed_tenants.all()} for pk, pool in pools.items()}
+    plan_blocks = dict(
+        Quota.objects.filter(tenant_id__in={d.tenant_id for d in shared}).values_list(
+            "tenant_id", "max_kv_blocks"
+        )
+    )
     specs: list[DeploymentSpec] = []
     revision_ids: list[int] = []
-    pool_tenants: dict[int, dict[str, tuple[str, int]]] = {}
+    pool_tenants: dict[int, dict[str, PoolTenant]] = {pk: {} for pk in pools}
     for deployment in live:
         revision = deployment.current_revision
         if revision is None:  # filtered out by the query
             continue
-        specs.append(_spec(deployment, revision))
+        pool = pools.get(revision.pool_id or 0) if revision.kv_mode == KvMode.SHARED else None
+        if pool is None:
+            specs.append(_spec(deployment, revision))
+        else:
+            share = pool_share(pool, plan_blocks.get(deployment.tenant_id, 0))
+            access = deployment.tenant_id in allowed[pool.pk]
+            specs.append(_spec(deployment, revision, pool_slots=share.request_slots,
+                               pool_access=access))  # fmt: skip
+            if access and deployment.tenant.is_active:
+                pool_tenants[pool.pk][str(deployment.tenant_id)] = PoolTenant(
+                    salt=cache_salt_hex(deployment.tenant_id),
+                    quota_blocks=share.quota_blocks,
+                    max_running=share.max_running,
+                )
         revision_ids.append(revision.pk)
-        if revision.kv_mode == KvMode.SHARED and revision.pool_id:
-            quota = Quota.objects.get(tenant_id=deployment.tenant_id).max_kv_blocks
-            pool_tenants.setdefault(revision.pool_id, {})[str(deployment.tenant_id)] = (
-                cache_salt_hex(deployment.tenant_id),
-                quota,
-            )
-    pools = [
+    pool_specs = [
         PoolSpec(
             name=pool.name,
             slot=_slot(pool.model_version),
-            tenants=pool_tenants.get(pool.pk, {}),
+            tenants=pool_tenants[pool.pk],
             num_replicas=pool.num_replicas,
             num_cpus=pool.num_cpus,
             num_gpus=pool.num_gpus,
+            max_ongoing_requests=pool_max_ongoing(pool.max_num_seqs),
             kv_blocks=pool.kv_blocks,
             block_size=pool.block_size,
+            max_num_seqs=pool.max_num_seqs,
         )
-        for pool in SharedPool.objects.filter(pk__in=pool_tenants).select_related(
-            "model_version__model"
-        )
+        for pool in sorted(pools.values(), key=lambda p: p.pk)
     ]
-    return specs, pools, revision_ids
+    return specs, pool_specs, revision_ids
 
 
 def _telemetry() -> dict[str, Any]:

@@ -21,6 +21,7 @@ import logging
 import os
 import secrets
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -48,6 +49,7 @@ from serving.dataplane.traffic import choose_group, continue_trace
 
 logger = logging.getLogger("ray.serve")
 LOCAL_SERVER = "serving.dataplane.app:VersionCore"
+MAX_REQUEST_ID = 128  # longer client ids are replaced by one of ours
 _E = TypeVar("_E", bound=BaseException)
 
 
@@ -128,6 +130,7 @@ class VersionCore:
         self._load_lock = asyncio.Lock()
         self._reload_key: tuple[Any, ...] | None = None  # weight_swap_jitter's, last seen
         self._probe_identities: set[str] = set()  # kv_pollution_probe tenants seen here
+        self._departed: set[str] = set()  # tenants taken off this version, blocks to give back
 
     def _published(self) -> dict[str, Any]:
         """Once a second: the SLI window for Redis, after giving back what a departed probe
@@ -146,10 +149,19 @@ class VersionCore:
     async def reconfigure(self, config: dict[str, Any]) -> None:
         self.faults = dict(config.get("faults") or {})
         self.chaos.configure(self.faults)
-        self.tenants = {
-            str(t): {"salt": bytes.fromhex(v["salt"]), "quota_blocks": v.get("quota_blocks")}
+        tenants = {
+            str(t): {
+                "salt": bytes.fromhex(v["salt"]),
+                "quota_blocks": v.get("quota_blocks"),
+                "max_running": v.get("max_running"),
+            }
             for t, v in (config.get("tenants") or {}).items()
         }
+        # A tenant taken off this version (its pool access revoked, suspended) leaves nothing
+        # behind: its cached blocks go back to the free list once its last requests end.
+        self._departed |= set(self.tenants) - set(tenants)
+        self._departed -= set(tenants)
+        self.tenants = tenants
         self.publisher.configure(config.get("telemetry") or {})
         artifact = config.get("artifact")
         # A weight_swap_jitter drill's new nonce reloads the same artifact (a hot reload).
@@ -167,6 +179,12 @@ class VersionCore:
                 quotas[probe.identity] = probe.quota_blocks
             shared = config.get("kv_mode") == "shared"
             self.engine.set_quotas(quotas, 0 if shared else None)
+            if shared:  # each pool tenant runs at most its share of the batch at once
+                limits = {t: int(v["max_running"]) for t, v in self.tenants.items()
+                          if v["max_running"]}  # fmt: skip
+                self.engine.set_limits(limits, 1)
+            else:
+                self.engine.set_limits({}, None)
         self._forget_departed_probes()
 
     def _forget_departed_probes(self) -> None:
@@ -174,7 +192,13 @@ class VersionCore:
         its cached blocks go back to the free list and its counters are dropped. In a tenant
         quota pool only the owner recycles its cached blocks, so they would stay held for
         good. Blocks its last requests still hold are given back on a later pass."""
-        if not self._probe_identities or self.engine is None:
+        if self.engine is None:
+            return
+        for tenant in sorted(self._departed):
+            self.engine.drop_tenant(tenant)  # its requests still here end now, refused
+            if _forget_tenant(self.engine, tenant):
+                self._departed.discard(tenant)
+        if not self._probe_identities:
             return
         probe = self.chaos.active().kv_pollution_probe
         current = probe.identity if probe is not None else None
@@ -267,6 +291,7 @@ class VersionCore:
         ok, first_at, times, out_ids = False, None, [], []
         refused: Refused | None = None
         cancelled = False
+        stream: Any = None
         try:
             check_lengths(len(prompt_ids), sampling["max_tokens"], guard)
             self._check_admissible(len(prompt_ids), sampling["max_tokens"], tenant)
@@ -277,6 +302,9 @@ class VersionCore:
                 top_p=sampling["top_p"],
                 seed=sampling.get("seed"),
             )
+            # Queued before the first event, so a refusal (a request id this tenant already
+            # runs, a quota changed meanwhile) is the answer's status, not a broken stream.
+            stream = self._submit(prompt_ids, params, tenant, str(request["request_id"]), salt)
             yield {
                 "type": "start",
                 "prompt_tokens": len(prompt_ids),
@@ -286,10 +314,7 @@ class VersionCore:
             }
             text = ""
             reason = None
-            async for event in self.engine.generate(
-                prompt_ids, params, tenant=tenant, request_id=request["request_id"],
-                cache_salt=salt,
-            ):  # fmt: skip
+            async for event in stream:
                 out_ids.append(event.token_id)
                 times.append(event.at)
                 first_at = first_at or event.at
@@ -315,7 +340,16 @@ class VersionCore:
         except (GeneratorExit, asyncio.CancelledError):
             cancelled = True  # the client went away: not the version's failure
             raise
+        except Exception as exc:
+            from serving.engine.async_engine import TenantRemoved
+
+            if not isinstance(exc, TenantRemoved):
+                raise
+            refused = Refused(403, "tenant_not_allowed", "this tenant may not use this version")
+            raise refused from exc
         finally:
+            if stream is not None:
+                stream.close()  # forgets it and frees its blocks, however the request ended
             # Every request counts once: a refusal (4xx: the client's; 5xx: ours), a failure
             # before or after the first token, a cancellation, or a completion.
             gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
@@ -330,14 +364,26 @@ class VersionCore:
             )
 
     def _check_admissible(self, prompt_tokens: int, max_tokens: int, tenant: str) -> None:
-        from serving.engine.engine import EngineFull
-
         try:
             self.engine.check_admissible(prompt_tokens, max_tokens, tenant)
-        except EngineFull as exc:
-            raise Refused(429, "kv_quota_exceeded", str(exc)) from exc
-        except ValueError as exc:
-            raise Refused(400, "context_length_exceeded", str(exc)) from exc
+        except Exception as exc:
+            refusal = _engine_refusal(exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
+
+    def _submit(
+        self, prompt_ids: list[int], params: Any, tenant: str, request_id: str, salt: bytes
+    ) -> Any:
+        try:
+            return self.engine.submit(
+                prompt_ids, params, tenant=tenant, request_id=request_id, cache_salt=salt
+            )
+        except Exception as exc:
+            refusal = _engine_refusal(exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
 
     async def complete(self, request: dict[str, Any]) -> dict[str, Any]:
         """The whole answer in one reply: a unary handle call costs far less than a stream."""
@@ -406,6 +452,10 @@ class Router:
         self.recent = RecentRequests()
         self.replica = _replica_id()
         self.publisher = _Publisher(self.stats, _publish_router)
+        # A shared deployment's share of the pool's request slots: at most this many of the
+        # tenant's requests are in the pool at once, the rest wait here, in its own router.
+        self._pool_gate: asyncio.Semaphore | None = None
+        self._pool_slots = 0
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         if self.local is not None:
@@ -430,6 +480,22 @@ class Router:
                 self.handles[name] = (group["app"], handle)
         self.breakers = breakers
         self.handles = {n: h for n, h in self.handles.items() if n in self.groups}
+        slots = int(config.get("pool_slots") or 0)
+        if slots != self._pool_slots:  # requests in flight give their slot back to the old gate
+            self._pool_slots = slots
+            self._pool_gate = asyncio.Semaphore(slots) if slots > 0 else None
+
+    def _blocked(self) -> Refused | None:
+        """The platform's refusal of every request of this deployment, or None: a suspended
+        tenant, a tenant whose access to its shared pool was revoked."""
+        reason = str(self.config.get("suspended") or "")
+        if reason:
+            return Refused(403, "tenant_suspended", f"this tenant is suspended: {reason}")
+        if self.config.get("pool_access_revoked"):
+            return Refused(403, "pool_access_revoked",
+                           "this tenant's access to its shared pool was revoked by the "
+                           "platform")  # fmt: skip
+        return None
 
     def check_health(self) -> None:
         """Serve's health check of the router replica is also the in-process stable slot's."""
@@ -444,8 +510,11 @@ class Router:
         root = request.scope.get("root_path", "")
         path = request.url.path[len(root) :] if request.url.path.startswith(root) else ""
         trace = continue_trace(request.headers.get("traceparent"))
-        # Serve's proxy assigns x-request-id and echoes it in the response itself.
-        request_id = request.headers.get("x-request-id") or f"req-{secrets.token_hex(8)}"
+        # Serve's proxy assigns x-request-id and echoes it in the response itself. A client's
+        # own id is kept only when short: the version keys sequences by (tenant, id).
+        request_id = request.headers.get("x-request-id") or ""
+        if not 0 < len(request_id) <= MAX_REQUEST_ID:
+            request_id = f"req-{secrets.token_hex(8)}"
         headers = {"traceparent": trace.header}
         raw_key = bearer(request.headers.get("authorization"))
         key_ok = key_matches(raw_key, self.config.get("key_hashes", []))
@@ -456,7 +525,8 @@ class Router:
             # request runs as the drill's synthetic tenant on the in-process stable slot.
             probe_identity = self.local.chaos.probe_identity(hash_key(raw_key))
             key_ok, tenant = probe_identity is not None, probe_identity or tenant
-        if path.rstrip("/") == "/v1/models" and request.method == "GET" and key_ok:
+        blocked = self._blocked()
+        if path.rstrip("/") == "/v1/models" and request.method == "GET" and key_ok and not blocked:
             return JSONResponse(self._models(), headers=headers)
         life = Lifecycle(request_id)
         self.recent.add(life)
@@ -466,6 +536,8 @@ class Router:
             life.to(VALIDATING)
             if not key_ok:
                 raise Refused(401, "invalid_api_key", "missing or unknown inference key")
+            if blocked is not None:  # before the body is read or any version is asked
+                raise blocked
             kind = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}.get(
                 path.rstrip("/")
             )
@@ -492,21 +564,25 @@ class Router:
             }
             life.to(EXECUTING)
             model = str(self.config.get("deployment", "model"))
-            if sampling["stream"]:
+            slot = await _PoolSlot.take(self._pool_gate if handle is not None else None)
+            try:
+                if sampling["stream"]:
+                    if handle is None:
+                        stream = self._local().generate(payload)
+                    else:
+                        stream = handle.options(stream=True).generate.remote(payload)
+                    first = await stream.__anext__()  # surfaces refusals before the 200
+                    events = self._sse(kind, request_id, model, breaker, first, stream, life, slot)
+                    slot.hand_to(events)
+                    return StreamingResponse(
+                        events, media_type="text/event-stream", headers=headers
+                    )
                 if handle is None:
-                    stream = self._local().generate(payload)
+                    answer = await self._local().complete(payload)
                 else:
-                    stream = handle.options(stream=True).generate.remote(payload)
-                first = await stream.__anext__()  # surfaces refusals before the 200
-                return StreamingResponse(
-                    self._sse(kind, request_id, model, breaker, first, stream, life),
-                    media_type="text/event-stream",
-                    headers=headers,
-                )
-            if handle is None:
-                answer = await self._local().complete(payload)
-            else:
-                answer = await handle.complete.remote(payload)
+                    answer = await handle.complete.remote(payload)
+            finally:
+                slot.release_unless_handed()
             text, reason, usage = answer["text"], answer["finish_reason"], answer["usage"]
             breaker.record(True)
             life.to(COMPLETED)
@@ -561,6 +637,7 @@ class Router:
         first: dict[str, Any],
         stream: Any,
         life: Lifecycle,
+        slot: _PoolSlot | None = None,
     ) -> AsyncIterator[bytes]:
         try:
             async for event in _chain(first, stream):
@@ -576,6 +653,9 @@ class Router:
             life.to(FAILED, error=_short(exc))
             error = Refused(502, "upstream_error", f"model version failed: {_short(exc)}")
             yield f"data: {json.dumps(error.body())}\n\n".encode()
+        finally:
+            if slot is not None:
+                slot.release()
 
     def _models(self) -> dict[str, Any]:
         return {
@@ -602,6 +682,38 @@ class Router:
         """The in-process stable slot's stats (what `VersionServer.stats` says for a slot
         served on its own)."""
         return self.local.stats() if self.local is not None else {}
+
+
+class _PoolSlot:
+    """One of a shared deployment's pool slots (a permit of the router's gate), given back
+    exactly once: when the answer is done, when a stream ends, or, for a stream the client
+    dropped before it started (whose generator never runs its clean-up), when the stream
+    object is collected."""
+
+    def __init__(self, gate: asyncio.Semaphore | None) -> None:
+        self._gate = gate
+        self._handed = False
+
+    @classmethod
+    async def take(cls, gate: asyncio.Semaphore | None) -> _PoolSlot:
+        if gate is not None:
+            await gate.acquire()
+        return cls(gate)
+
+    def release(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.release()
+
+    def hand_to(self, owner: object) -> None:
+        """`owner` (the response's body stream) gives the slot back from now on."""
+        if self._gate is not None:
+            self._handed = True
+            weakref.finalize(owner, self.release)
+
+    def release_unless_handed(self) -> None:
+        if not self._handed:
+            self.release()
 
 
 async def _publish_router(redis: Any, prefix: str, snapshot: dict[str, Any]) -> None:
@@ -637,6 +749,19 @@ def _forget_tenant(engine: Any, tenant: str) -> bool:
         del pool.stats[tenant]
         pool.quotas.pop(tenant, None)
         return True
+
+
+def _engine_refusal(exc: Exception) -> Refused | None:
+    """The client's answer for what the engine refuses; None: the version's own failure."""
+    from serving.engine.engine import DuplicateRequest, EngineFull
+
+    if isinstance(exc, EngineFull):
+        return Refused(429, "kv_quota_exceeded", str(exc))
+    if isinstance(exc, DuplicateRequest):
+        return Refused(409, "duplicate_request_id", f"{exc}: choose another x-request-id")
+    if isinstance(exc, ValueError):
+        return Refused(400, "context_length_exceeded", str(exc))
+    return None
 
 
 def _unwrap_refused(exc: BaseException) -> Refused | None:

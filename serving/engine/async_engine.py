@@ -2,7 +2,8 @@
 
 Callers `submit()` a request and iterate its tokens; the thread steps the engine while any
 request is waiting or running. `swap_model()` takes the same lock as a step, so a hot swap
-lands between two steps and never inside one.
+lands between two steps and never inside one. Requests are known by (tenant, request id), like
+the engine's sequences: a tenant reusing another tenant's id reaches nothing of the other's.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from serving.engine.engine import Engine, SamplingParams, Sequence
+from serving.engine.engine import DuplicateRequest, Engine, SamplingParams, Sequence
 from serving.engine.model import LlamaModel
+
+Key = tuple[str, str]  # (tenant, request id)
 
 
 @dataclass(frozen=True)
@@ -30,18 +33,52 @@ class EngineFailed(Exception):
     pass
 
 
+class TenantRemoved(Exception):
+    """The tenant was taken off this engine (its access revoked): its requests end."""
+
+
+class Submission:
+    """One submitted request's tokens (an async iterator). `close()` (idempotent) forgets it
+    and aborts its sequence if still live: call it however the caller leaves, even before
+    iterating (an unstarted async generator would never run its clean-up)."""
+
+    def __init__(self, owner: AsyncEngine, key: Key, queue: asyncio.Queue[Any]) -> None:
+        self._owner, self.key, self._queue = owner, key, queue
+        self._finished = False
+        self._closed = False
+
+    def __aiter__(self) -> Submission:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self._finished or self._closed:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, Exception):
+            self.close()
+            raise item
+        if item.finished:
+            self._finished = True
+        return item  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._owner._release(self.key)
+
+
 class AsyncEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        self._queues: dict[Key, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
-    def _deliver(self, request_id: str, item: Any) -> None:
-        entry = self._queues.get(request_id)
+    def _deliver(self, key: Key, item: Any) -> None:
+        entry = self._queues.get(key)
         if entry is not None:
             loop, queue = entry
             loop.call_soon_threadsafe(queue.put_nowait, item)
@@ -55,18 +92,47 @@ class AsyncEngine:
                         outputs = self.engine.step()
                     except Exception as exc:  # a broken step fails its requests, not the loop
                         for seq in [*self.engine.running, *self.engine.waiting]:
-                            self.engine.abort(seq.id)
-                            self._deliver(seq.id, EngineFailed(str(exc)))
+                            self.engine.abort(seq.id, tenant=seq.tenant)
+                            self._deliver(seq.key, EngineFailed(str(exc)))
                         outputs = []
                     now = time.time()
                     for out in outputs:
                         self._deliver(
-                            out.request_id,
+                            out.key,
                             TokenEvent(out.token_id, out.finished, out.finish_reason, now),
                         )
             if not busy:
                 self._wake.wait(0.05)
                 self._wake.clear()
+
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        tenant: str,
+        request_id: str,
+        cache_salt: bytes | None = None,
+    ) -> Submission:
+        """Queue a request now (raises what `Engine.add_request` raises: ValueError,
+        EngineFull, DuplicateRequest when the tenant already runs this id); iterate the
+        result for its tokens and `close()` it when done."""
+        key = (tenant, request_id)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        with self._lock:
+            if key in self._queues:
+                raise DuplicateRequest(f"request id {request_id!r} is already in flight")
+            self.engine.add_request(
+                prompt_ids, params, tenant=tenant, request_id=request_id, cache_salt=cache_salt
+            )
+            self._queues[key] = (asyncio.get_running_loop(), queue)
+        self._wake.set()
+        return Submission(self, key, queue)
+
+    def _release(self, key: Key) -> None:
+        with self._lock:
+            self._queues.pop(key, None)
+            self.engine.abort(key[1], tenant=key[0])  # a client that went away frees its blocks
 
     async def generate(
         self,
@@ -77,26 +143,14 @@ class AsyncEngine:
         request_id: str,
         cache_salt: bytes | None = None,
     ) -> AsyncIterator[TokenEvent]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._queues[request_id] = (loop, queue)
+        submission = self.submit(
+            prompt_ids, params, tenant=tenant, request_id=request_id, cache_salt=cache_salt
+        )
         try:
-            with self._lock:
-                self.engine.add_request(
-                    prompt_ids, params, tenant=tenant, request_id=request_id, cache_salt=cache_salt
-                )
-            self._wake.set()
-            while True:
-                item = await queue.get()
-                if isinstance(item, Exception):
-                    raise item
+            async for item in submission:
                 yield item
-                if item.finished:
-                    return
         finally:
-            self._queues.pop(request_id, None)
-            with self._lock:
-                self.engine.abort(request_id)  # a client that went away frees its blocks
+            submission.close()
 
     def check_admissible(self, prompt_tokens: int, max_tokens: int, tenant: str) -> None:
         with self._lock:
@@ -110,6 +164,21 @@ class AsyncEngine:
         with self._lock:
             self.engine.pool.quotas = dict(quotas)
             self.engine.pool.default_quota = default_quota
+
+    def drop_tenant(self, tenant: str) -> int:
+        """End every live request of `tenant` (each caller gets TenantRemoved) and free its
+        sequences' blocks; how many there were."""
+        with self._lock:
+            seqs = [s for s in [*self.engine.running, *self.engine.waiting] if s.tenant == tenant]
+            for seq in seqs:
+                self.engine.abort(seq.id, tenant=tenant)
+                self._deliver(seq.key, TenantRemoved("this tenant was taken off this version"))
+            return len(seqs)
+
+    def set_limits(self, max_running: dict[str, int], default: int | None) -> None:
+        """Per-tenant running-sequence limits (a shared pool); empty and None: none."""
+        with self._lock:
+            self.engine.set_limits(max_running, default)
 
     def metrics(self) -> dict[str, Any]:
         with self._lock:

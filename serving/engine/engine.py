@@ -6,6 +6,12 @@ samples one token per sequence, and registers the blocks that became full. When 
 sequence needs a block its tenant cannot get, the tenant's newest sequence is preempted
 (its blocks freed, recomputed later). Sequences keep the model they started on, so a hot
 weight swap never mixes weights within one request.
+
+In a shared pool (`set_limits()` given) each tenant runs at most its `max_running` sequences;
+the rest wait in that tenant's own order, and free slots go to the tenant with the fewest
+running sequences (ties: the one served longest ago), so one tenant's flood never takes
+another's slots. Sequences are known by (tenant, request id): a request id chosen by one
+tenant can never address, cancel or collide with another tenant's sequence.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any
 
 import torch
 
-from serving.engine.kv_cache import BlockPool, chain_hashes
+from serving.engine.kv_cache import BlockPool, TenantStats, chain_hashes
 from serving.engine.model import KVCache, LlamaModel, Segment, build_batch
 
 
@@ -79,6 +85,10 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.tenant, self.id)
+
 
 @dataclass(frozen=True)
 class StepOutput:
@@ -86,10 +96,19 @@ class StepOutput:
     token_id: int
     finished: bool
     finish_reason: str | None
+    tenant: str = "default"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.tenant, self.request_id)
 
 
 class EngineFull(Exception):
     """A request can never fit: its prompt needs more blocks than its tenant may hold."""
+
+
+class DuplicateRequest(Exception):
+    """The tenant already has a live sequence under this request id."""
 
 
 class Engine:
@@ -103,6 +122,8 @@ class Engine:
         max_prefill_tokens: int = 4096,
         quotas: dict[str, int] | None = None,
         default_quota: int | None = None,
+        max_running: dict[str, int] | None = None,
+        default_max_running: int | None = None,
         cache_secret: bytes = b"",
         keep_logits: bool = False,
     ) -> None:
@@ -118,7 +139,26 @@ class Engine:
         self.keep_logits = keep_logits  # tests compare every step against a reference
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.sequences: dict[tuple[str, str], Sequence] = {}  # live ones, by (tenant, id)
         self._ids = itertools.count()
+        self._turns = itertools.count(1)
+        self._served_turn: dict[str, int] = {}  # tenant -> turn it was last admitted on
+        self.max_running: dict[str, int] = {}
+        self.default_max_running: int | None = None
+        self._fair = False
+        self.set_limits(max_running or {}, default_max_running)
+
+    def set_limits(self, max_running: dict[str, int], default: int | None) -> None:
+        """Per-tenant running-sequence limits (a shared pool); none at all: one tenant's
+        engine, scheduled in plain arrival order."""
+        self.max_running = {t: max(1, int(n)) for t, n in max_running.items()}
+        self.default_max_running = None if default is None else max(1, int(default))
+        self._fair = bool(self.max_running) or self.default_max_running is not None
+
+    def tenant_limit(self, tenant: str) -> int:
+        """How many sequences `tenant` may run at once."""
+        limit = self.max_running.get(tenant, self.default_max_running)
+        return self.max_num_seqs if limit is None else min(limit, self.max_num_seqs)
 
     # --- requests -------------------------------------------------------------------------
     def add_request(
@@ -135,12 +175,18 @@ class Engine:
         (default: HMAC of this engine's secret and `tenant`); callers never pass a client's."""
         params = params or SamplingParams()
         self.check_admissible(len(prompt_ids), params.max_tokens, tenant)
+        if request_id is None:
+            request_id = f"req-{next(self._ids)}"
+            while (tenant, request_id) in self.sequences:
+                request_id = f"req-{next(self._ids)}"
+        elif (tenant, request_id) in self.sequences:
+            raise DuplicateRequest(f"request id {request_id!r} is already in flight")
         if cache_salt is None:
             cache_salt = tenant_cache_salt(self.cache_secret, tenant)
         salt = cache_salt if salted else b""
         seed = hashlib.sha256(salt + self.model.fingerprint.encode()).digest()
         seq = Sequence(
-            id=request_id or f"req-{next(self._ids)}",
+            id=request_id,
             tenant=tenant,
             prompt_ids=list(prompt_ids),
             params=params,
@@ -150,6 +196,7 @@ class Engine:
         if params.seed is not None and params.temperature > 0:
             seq.generator = torch.Generator(device=self.model.device).manual_seed(params.seed)
         self.waiting.append(seq)
+        self.sequences[seq.key] = seq
         return seq
 
     def check_admissible(self, prompt_tokens: int, max_tokens: int, tenant: str) -> None:
@@ -169,14 +216,19 @@ class Engine:
                 f"needs {need} KV blocks, tenant {tenant!r} may hold {self.pool.quota(tenant)}"
             )
 
-    def abort(self, request_id: str) -> None:
-        for seq in list(self.waiting):
-            if seq.id == request_id:
-                self.waiting.remove(seq)
-                seq.finish_reason = "abort"
-        for seq in list(self.running):
-            if seq.id == request_id:
-                self._finish(seq, "abort")
+    def abort(self, request_id: str, *, tenant: str) -> None:
+        """Stop `tenant`'s sequence `request_id` (another tenant's of the same id is never
+        touched); nothing happens when it is not live."""
+        seq = self.sequences.get((tenant, request_id))
+        if seq is None:
+            return
+        if seq in self.running:
+            self._finish(seq, "abort")
+            return
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.finish_reason = "abort"
+        self.sequences.pop(seq.key, None)
 
     def swap_model(self, model: LlamaModel) -> None:
         """New requests use `model`; running ones finish on the weights they started with."""
@@ -201,6 +253,8 @@ class Engine:
         self._free_blocks(seq)
         if seq in self.running:
             self.running.remove(seq)
+        if self.sequences.get(seq.key) is seq:
+            del self.sequences[seq.key]
 
     def _preempt(self, seq: Sequence) -> None:
         self._free_blocks(seq)
@@ -253,6 +307,8 @@ class Engine:
             if seq in self.running:  # an earlier one may have preempted it
                 self._ensure_decode_block(seq)
         decodes = sorted(self.running, key=lambda s: s.arrival)
+        if self._fair:
+            return self._schedule_fair(), decodes
         prefills: list[Sequence] = []
         budget = self.max_prefill_tokens
         blocked: set[str] = set()
@@ -270,6 +326,42 @@ class Engine:
             prefills.append(seq)
             budget -= len(seq.tokens) - seq.num_computed
         return prefills, decodes
+
+    def _schedule_fair(self) -> list[Sequence]:
+        """Admissions in a shared pool: each tenant below its limit in turn, fewest running
+        first (ties: served longest ago), each tenant's own sequences in their order."""
+        queues: dict[str, deque[Sequence]] = {}
+        for seq in self.waiting:
+            queues.setdefault(seq.tenant, deque()).append(seq)
+        running: dict[str, int] = {}
+        for seq in self.running:
+            running[seq.tenant] = running.get(seq.tenant, 0) + 1
+        candidates = {t for t in queues if running.get(t, 0) < self.tenant_limit(t)}
+        prefills: list[Sequence] = []
+        budget = self.max_prefill_tokens
+        while candidates and len(self.running) + len(prefills) < self.max_num_seqs:
+            tenant = min(
+                candidates,
+                key=lambda t: (running.get(t, 0), self._served_turn.get(t, 0), t),
+            )
+            seq = queues[tenant][0]
+            if prefills and len(seq.tokens) > budget:
+                candidates.discard(tenant)  # waits for a step with room; others may fit
+                continue
+            if not self._admit(seq):
+                candidates.discard(tenant)  # keep the tenant's order: its next ones wait
+                continue
+            queues[tenant].popleft()
+            prefills.append(seq)
+            budget -= len(seq.tokens) - seq.num_computed
+            running[tenant] = running.get(tenant, 0) + 1
+            self._served_turn[tenant] = next(self._turns)
+            if not queues[tenant] or running[tenant] >= self.tenant_limit(tenant):
+                candidates.discard(tenant)
+        if prefills:
+            admitted = set(map(id, prefills))
+            self.waiting = deque(s for s in self.waiting if id(s) not in admitted)
+        return prefills
 
     # --- execution ------------------------------------------------------------------------
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> int:
@@ -331,7 +423,7 @@ class Engine:
                 reason = self._stop_reason(seq, token)
                 if reason is not None:
                     self._finish(seq, reason)
-                outputs.append(StepOutput(seq.id, token, reason is not None, reason))
+                outputs.append(StepOutput(seq.id, token, reason is not None, reason, seq.tenant))
         return outputs
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
@@ -360,8 +452,22 @@ class Engine:
         return seqs
 
     def metrics(self) -> dict[str, Any]:
-        return {
-            **self.pool.snapshot(),
-            "waiting": len(self.waiting),
-            "running": len(self.running),
-        }
+        """The pool's snapshot; each tenant's entry also says what it runs, what waits and
+        how many it may run at once (its share of the batch)."""
+        snapshot = self.pool.snapshot()
+        tenants: dict[str, dict[str, Any]] = snapshot["tenants"]
+        counts: dict[str, list[int]] = {}
+        for seq in self.running:
+            counts.setdefault(seq.tenant, [0, 0])[0] += 1
+        for seq in self.waiting:
+            counts.setdefault(seq.tenant, [0, 0])[1] += 1
+        for tenant in set(tenants) | set(counts) | set(self.max_running):
+            running, waiting = counts.get(tenant, (0, 0))
+            entry = tenants.get(tenant)
+            if entry is None:
+                entry = tenants[tenant] = {
+                    **(self.pool.stats.get(tenant) or TenantStats()).as_dict(),
+                    "quota": self.pool.quota(tenant),
+                }
+            entry.update(running=running, waiting=waiting, max_running=self.tenant_limit(tenant))
+        return {**snapshot, "waiting": len(self.waiting), "running": len(self.running)}

@@ -92,27 +92,32 @@ def test_autoscaling_uses_serve_field_names() -> None:
 
 
 def test_shared_pool_serves_several_tenants_with_their_own_salts_and_quotas() -> None:
-    from serving.control.compile import PoolSpec
+    from serving.control.compile import PoolSpec, PoolTenant
 
     pool = PoolSpec(
         name="llama-small",
         slot=SlotSpec("p1", "/artifacts/p", "sha-p", "arch-p"),
-        tenants={"7": ("aa" * 32, 64), "8": ("bb" * 32, 32)},
+        tenants={"7": PoolTenant("aa" * 32, 64, 8), "8": PoolTenant("bb" * 32, 32, 4)},
+        max_num_seqs=32,
     )
-    a = _spec(pool="llama-small", canary=None)
-    b = _spec(pool="llama-small", canary=None, tenant_slug="globex", tenant_id="8")
+    a = _spec(pool="llama-small", canary=None, pool_slots=16)
+    b = _spec(pool="llama-small", canary=None, tenant_slug="globex", tenant_id="8", pool_slots=16)
     config = compile_config([a, b], pools=[pool])
     ServeDeploySchema.model_validate(config)
     names = [app["name"] for app in config["applications"]]
     assert names == ["platform.llama-small.pool", "acme.chat", "globex.chat"]
     tenants = config["applications"][0]["deployments"][0]["user_config"]["tenants"]
     assert tenants == {
-        "7": {"salt": "aa" * 32, "quota_blocks": 64},
-        "8": {"salt": "bb" * 32, "quota_blocks": 32},
+        "7": {"salt": "aa" * 32, "quota_blocks": 64, "max_running": 8},
+        "8": {"salt": "bb" * 32, "quota_blocks": 32, "max_running": 4},
     }
+    assert config["applications"][0]["args"]["engine"]["max_num_seqs"] == 32
     router = config["applications"][1]
     groups = router["deployments"][0]["user_config"]["groups"]
     assert groups == {"stable": {"app": "platform.llama-small.pool", "version": "v1"}}
+    # The tenant's share of the pool's request slots is held in its own router.
+    assert router["deployments"][0]["user_config"]["pool_slots"] == 16
+    assert router["deployments"][0]["user_config"]["pool_access_revoked"] is False
     # A thin router: no engine of its own, no CPU reserved.
     assert router["args"] == {} and "local" not in router["deployments"][0]["user_config"]
     assert router["deployments"][0]["ray_actor_options"] == {"num_cpus": 0}
@@ -123,3 +128,40 @@ def test_unknown_pool_is_an_error() -> None:
 
     with pytest.raises(ValueError, match="shared pool 'nope'"):
         compile_config([_spec(pool="nope")])
+
+
+def test_fair_share_clamps_the_plan_to_the_pool_size_over_its_minimum_tenants() -> None:
+    from serving.control.compile import fair_share
+
+    big_plan = fair_share(plan_blocks=1_000_000, kv_blocks=1024, max_num_seqs=32,
+                          min_tenants=4, max_ongoing_requests=64)  # fmt: skip
+    assert (big_plan.quota_blocks, big_plan.max_running, big_plan.request_slots) == (256, 8, 16)
+    small_plan = fair_share(plan_blocks=100, kv_blocks=1024, max_num_seqs=32,
+                            min_tenants=4, max_ongoing_requests=64, num_replicas=2)  # fmt: skip
+    assert (small_plan.quota_blocks, small_plan.request_slots) == (100, 32)
+    # Never zero slots, whatever the knob says.
+    tiny = fair_share(plan_blocks=8, kv_blocks=16, max_num_seqs=2, min_tenants=100,
+                      max_ongoing_requests=2)  # fmt: skip
+    assert (tiny.max_running, tiny.request_slots) == (1, 1)
+
+
+def test_a_suspended_tenants_router_says_why_and_changing_it_restarts_nothing() -> None:
+    active = compile_config([_spec()])
+    router = active["applications"][0]["deployments"][0]["user_config"]
+    assert router["suspended"] == ""
+    suspended = compile_config([_spec(suspended="the platform suspended it")])
+    config = suspended["applications"][0]["deployments"][0]["user_config"]
+    assert config["suspended"] == "the platform suspended it"
+    ServeDeploySchema.model_validate(suspended)
+    assert restart_free(active, suspended)
+
+
+def test_a_revoked_pool_tenants_router_is_marked_and_still_compiles() -> None:
+    from serving.control.compile import PoolSpec
+
+    pool = PoolSpec(name="p", slot=SlotSpec("p1", "/a", "sha", "arch"), tenants={})
+    config = compile_config([_spec(pool="p", canary=None, pool_access=False)], pools=[pool])
+    ServeDeploySchema.model_validate(config)
+    router = config["applications"][1]["deployments"][0]["user_config"]
+    assert router["pool_access_revoked"] is True
+    assert config["applications"][0]["deployments"][0]["user_config"]["tenants"] == {}

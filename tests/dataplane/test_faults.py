@@ -584,9 +584,7 @@ class _LocalRouter:
         from serving.dataplane.app import Router
         from serving.engine.testing import write_tiny_checkpoint
 
-        self.router = Router.func_or_class(
-            local={"app": "acme.chat", "engine": {"num_blocks": 64}}
-        )
+        self.router = Router.func_or_class(local={"app": "acme.chat", "engine": {"num_blocks": 64}})
         artifact = str(write_tiny_checkpoint(tmp_path / "tiny"))
         self.local = {"version": "v1", "artifact": artifact, "fingerprint": "fp-1",
                       "tenants": {"7": {"salt": "ab" * 32}}}  # fmt: skip

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from serving.engine.async_engine import AsyncEngine
-from serving.engine.engine import Engine, SamplingParams
+from serving.engine.engine import DuplicateRequest, Engine, SamplingParams
 from serving.engine.model import LlamaModel
 from serving.engine.testing import write_tiny_checkpoint
 from tests.engine.conftest import load_model
@@ -71,5 +73,90 @@ def test_a_cancelled_request_frees_its_blocks(tiny_model: LlamaModel) -> None:
         asyncio.run(main())
         assert engine.metrics()["running"] == 0
         assert engine.metrics()["free_blocks"] == 32
+    finally:
+        engine.stop()
+
+
+def test_another_tenant_reusing_a_request_id_reaches_nothing_of_the_first(
+    tiny_model: LlamaModel,
+) -> None:
+    """B sends A's request id while A's request runs: both are served, and B going away
+    neither cancels A's sequence nor steals its tokens."""
+    long = SamplingParams(max_tokens=24, ignore_eos=True)
+    prompt = [5, 6, 7, 8] * 3
+    expected = Engine(tiny_model).generate([prompt], long, tenant="a")[0].output_ids
+    engine = AsyncEngine(Engine(tiny_model, num_blocks=64))
+
+    async def tenant_a(started: asyncio.Event, b_left: asyncio.Event) -> list[int]:
+        out = []
+        async for event in engine.generate(prompt, long, tenant="a", request_id="shared-id"):
+            out.append(event.token_id)
+            if len(out) == 1:
+                started.set()
+                await b_left.wait()
+        return out
+
+    async def tenant_b(started: asyncio.Event, b_left: asyncio.Event) -> int:
+        await started.wait()
+        stream = engine.generate([9, 9, 9], long, tenant="b", request_id="shared-id")
+        first = await stream.__anext__()  # its own token, not one of A's
+        await stream.aclose()  # B goes away: its own sequence is aborted, A's is not
+        b_left.set()
+        return first.token_id
+
+    async def main() -> tuple[list[int], int]:
+        started, b_left = asyncio.Event(), asyncio.Event()
+        a, b = await asyncio.wait_for(
+            asyncio.gather(tenant_a(started, b_left), tenant_b(started, b_left)), timeout=30
+        )
+        return a, b
+
+    try:
+        a_tokens, b_first = asyncio.run(main())
+        assert a_tokens == expected  # every token of A's, none lost to B
+        assert b_first == Engine(tiny_model).generate([[9, 9, 9]], long)[0].output_ids[0]
+        assert engine.metrics()["free_blocks"] == 64
+    finally:
+        engine.stop()
+
+
+def test_a_tenant_reusing_its_own_live_request_id_is_refused(tiny_model: LlamaModel) -> None:
+    long = SamplingParams(max_tokens=16, ignore_eos=True)
+    engine = AsyncEngine(Engine(tiny_model, num_blocks=64))
+
+    async def main() -> list[int]:
+        first = engine.submit([3, 4, 5], long, tenant="a", request_id="dup")
+        try:
+            with pytest.raises(DuplicateRequest):
+                engine.submit([3, 4, 5], long, tenant="a", request_id="dup")
+            return [event.token_id async for event in first]  # the first is untouched
+        finally:
+            first.close()
+
+    try:
+        assert len(asyncio.run(main())) == 16
+        assert engine.metrics()["running"] == 0
+    finally:
+        engine.stop()
+
+
+def test_a_submission_closed_before_it_is_read_frees_its_sequence(
+    tiny_model: LlamaModel,
+) -> None:
+    engine = AsyncEngine(Engine(tiny_model, num_blocks=32))
+
+    async def main() -> None:
+        submission = engine.submit(
+            [3] * 20, SamplingParams(max_tokens=200, ignore_eos=True), tenant="t",
+            request_id="never-read",
+        )  # fmt: skip
+        submission.close()  # the client left before the first token was awaited
+        submission.close()  # idempotent
+
+    try:
+        asyncio.run(main())
+        assert engine.metrics()["running"] == 0 and engine.metrics()["waiting"] == 0
+        assert engine.metrics()["free_blocks"] == 32
+        assert engine.engine.sequences == {}
     finally:
         engine.stop()

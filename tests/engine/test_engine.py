@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 import torch
 
-from serving.engine.engine import Engine, EngineFull, SamplingParams, tenant_cache_salt
+from serving.engine.engine import (
+    DuplicateRequest,
+    Engine,
+    EngineFull,
+    SamplingParams,
+    tenant_cache_salt,
+)
 from serving.engine.model import LlamaModel
 from serving.engine.testing import write_tiny_checkpoint
 from tests.engine.conftest import hf_logits, load_model
@@ -195,3 +201,91 @@ def test_bad_prompts(tiny_model: LlamaModel) -> None:
         engine.add_request([], GREEDY)
     with pytest.raises(ValueError, match="exceeds the model's context"):
         engine.add_request([5] * 1020, GREEDY)
+
+
+# Shared pools: each tenant's share of the batch, fair turns, request ids per tenant -----------
+
+SHORT = SamplingParams(max_tokens=4, ignore_eos=True)
+
+
+def _running(engine: Engine, tenant: str) -> int:
+    return sum(1 for s in engine.running if s.tenant == tenant)
+
+
+def test_a_flooding_tenant_runs_its_share_and_another_tenant_is_admitted_next_step(
+    tiny_model: LlamaModel,
+) -> None:
+    engine = Engine(tiny_model, num_blocks=256, max_num_seqs=8)
+    engine.set_limits({"a": 2, "b": 2}, 1)
+    flood = [engine.add_request(_prompt(8, i), SHORT, tenant="a") for i in range(20)]  # 10x
+    engine.step()
+    assert _running(engine, "a") == 2  # slots were free, but A may run only its share
+    single = engine.add_request(_prompt(8, 99), SHORT, tenant="b")
+    engine.step()
+    assert single in engine.running  # the next step, not after A's queue
+    most_a = 0
+    while engine.has_work():
+        engine.step()
+        most_a = max(most_a, _running(engine, "a"))
+    assert most_a <= 2
+    assert single.finished_at is not None
+    assert single.finished_at < sorted(s.finished_at or 0 for s in flood)[2]
+    assert all(s.output_ids == Engine(tiny_model).generate([s.prompt_ids], SHORT)[0].output_ids
+               for s in (flood[0], single))  # fmt: skip
+
+
+def test_free_slots_go_to_the_tenant_running_fewest_in_turn(tiny_model: LlamaModel) -> None:
+    engine = Engine(tiny_model, num_blocks=256, max_num_seqs=4)
+    engine.set_limits({"a": 4, "b": 4}, 1)
+    for i in range(10):
+        engine.add_request(_prompt(8, i), SHORT, tenant="a")
+    for i in range(10):
+        engine.add_request(_prompt(8, 50 + i), SHORT, tenant="b")
+    engine.step()
+    # A arrived first with ten, yet the four slots are shared in turn.
+    assert (_running(engine, "a"), _running(engine, "b")) == (2, 2)
+    # Each tenant's own requests keep their order.
+    assert [s.id for s in engine.running if s.tenant == "a"] == ["req-0", "req-1"]
+
+
+def test_a_tenant_without_a_limit_gets_the_default_share(tiny_model: LlamaModel) -> None:
+    engine = Engine(tiny_model, num_blocks=256, max_num_seqs=8)
+    engine.set_limits({"a": 3}, 1)
+    for i in range(5):
+        engine.add_request(_prompt(8, i), SHORT, tenant="unlisted")
+    engine.step()
+    assert _running(engine, "unlisted") == 1
+    tenants = engine.metrics()["tenants"]
+    assert (tenants["unlisted"]["running"], tenants["unlisted"]["waiting"]) == (1, 4)
+    assert tenants["unlisted"]["max_running"] == 1
+    assert tenants["a"]["max_running"] == 3 and tenants["a"]["running"] == 0
+
+
+def test_without_limits_one_tenants_engine_admits_in_arrival_order(
+    tiny_model: LlamaModel,
+) -> None:
+    engine = Engine(tiny_model, num_blocks=256, max_num_seqs=4)
+    for i in range(10):
+        engine.add_request(_prompt(8, i), SHORT, tenant="a")
+    late = engine.add_request(_prompt(8, 77), SHORT, tenant="b")
+    engine.step()
+    assert _running(engine, "a") == 4 and late in engine.waiting  # dedicated: plain FIFO
+
+
+def test_request_ids_are_per_tenant(tiny_model: LlamaModel) -> None:
+    engine = Engine(tiny_model, num_blocks=64)
+    long = SamplingParams(max_tokens=30, ignore_eos=True)
+    mine = engine.add_request(_prompt(8), long, tenant="a", request_id="r1")
+    theirs = engine.add_request(_prompt(8), long, tenant="b", request_id="r1")  # no collision
+    engine.step()
+    engine.abort("r1", tenant="b")  # B cancels its own, never A's
+    assert theirs.finish_reason == "abort" and mine in engine.running
+    with pytest.raises(DuplicateRequest, match="r1"):
+        engine.add_request(_prompt(8), long, tenant="a", request_id="r1")
+    engine.abort("r1", tenant="c")  # nobody's: nothing happens
+    engine.run_until_done()
+    assert mine.finish_reason == "length" and len(mine.output_ids) == 30
+    assert engine.sequences == {}
+    again = engine.add_request(_prompt(8), SHORT, tenant="a", request_id="r1")  # free again
+    engine.run_until_done([again])
+    assert again.finish_reason == "length"

@@ -205,3 +205,16 @@ def test_staff_suspend_a_tenant_in_the_admin(world_a: TenantWorld) -> None:
     world_a.tenant.refresh_from_db()
     assert not world_a.tenant.is_active
     assert AuditEvent.objects.filter(tenant=world_a.tenant, action="tenant.suspended").exists()
+
+
+def test_a_deployments_own_leak_fault_is_bounded_the_same_way(world_a: TenantWorld) -> None:
+    deployment = _ready(world_a)
+    leak = {"stable": {"gpu_memory_leak": {"mb_per_s": 10, "max_mb": 100_000}}}
+    before = deployment.current_revision_id
+    with pytest.raises(ValidationFailed) as exc:
+        deploy.deployment_change(tenant=world_a.tenant, actor=Actor(user=world_a.owner),
+                                 deployment=deployment, changes={"faults": leak}, reason="leak")  # fmt: skip
+    assert exc.value.field == "faults.stable.gpu_memory_leak.max_mb"
+    assert "at most 256 MB" in exc.value.message
+    deployment.refresh_from_db()
+    assert deployment.current_revision_id == before  # nothing written

@@ -265,6 +265,7 @@ def test_shared_pool_keeps_tenants_prefixes_and_blocks_apart(
     pool = SharedPool.objects.create(
         name="tiny", model_version=served_version, num_cpus=0.25, kv_blocks=256
     )
+    pool.allowed_tenants.add(world_a.tenant, world_b.tenant)  # the platform's grant
     Quota.objects.filter(tenant=world_a.tenant).update(max_kv_blocks=64)
     Quota.objects.filter(tenant=world_b.tenant).update(max_kv_blocks=16)
     keys = {}

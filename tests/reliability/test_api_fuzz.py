@@ -495,6 +495,59 @@ def test_every_operation(api_schema: Any, run: Run, subtests: pytest.Subtests) -
                 transaction.savepoint_rollback(sid)
 
 
+def _hostile_cases(run: Run) -> list[tuple[str, str, Any, int, str]]:
+    """The hostile-tenant suite's attack routes, as schemathesis cases: (method, path, body,
+    the status, the field the error must name)."""
+    deployment = Deployment.objects.get(tenant=run.actor.tenant, name="assistant")
+    drill = {
+        "deployment": deployment.pk,
+        "group": "stable",
+        "duration_s": 10,
+        "steady_state": {"contract": False, "probes": [{"sli": "error_rate", "max": 0.5}]},
+    }
+    webhook = {"kind": "webhook", "name": "hostile"}
+    return [
+        ("POST", "/api/v1/notification-channels/",
+         {**webhook, "url": "http://169.254.169.254/latest/meta-data/"}, 400, "url"),
+        ("POST", "/api/v1/notification-channels/",
+         {**webhook, "url": "http://[::ffff:127.0.0.1]:6379/"}, 400, "url"),
+        ("POST", "/api/v1/notification-channels/",
+         {**webhook, "url": "http://2130706433/"}, 400, "url"),
+        ("POST", "/api/v1/drills/",
+         {**drill, "name": "delay", "fault": "control_plane_delay"}, 403, "fault"),
+        ("POST", "/api/v1/drills/",
+         {**drill, "name": "leak", "fault": "gpu_memory_leak",
+          "parameters": {"max_mb": 1_000_000}}, 400, "parameters.max_mb"),
+        ("POST", "/api/v1/drills/",
+         {**drill, "name": "flood", "fault": "token_starvation",
+          "parameters": {"concurrency": 64}}, 400, "parameters.concurrency"),
+        ("POST", "/api/v1/deployments/",
+         {"name": "assistant", "version": deployment.current_revision.stable_version_id}, 409,
+         "name"),
+    ]  # fmt: skip
+
+
+def test_the_hostile_tenants_attacks_are_refused_naming_the_field(
+    api_schema: Any, run: Run, settings: Any
+) -> None:
+    """The attack routes go through schemathesis too: a clear 4xx naming the field, no 5xx, no
+    neighbour's data, a response that matches the schema."""
+    settings.WEBHOOK_ALLOWED_NETWORKS = []  # the platform's default
+    checks = [not_a_server_error, _no_foreign_data(run)]
+    for method, path, body, status, name in _hostile_cases(run):
+        operation = (
+            api_schema[path][method].ok()
+            if hasattr(api_schema[path][method], "ok")
+            else (api_schema[path][method])
+        )
+        case = operation.Case(body=body, media_type="application/json")
+        response = call_in_savepoint(case, run.headers)
+        case.validate_response(response, checks=checks, headers=run.headers)
+        error = response.json()["error"]
+        assert response.status_code == status, (path, body, error)
+        assert name in error["fields"] or name in error["message"], (path, error)
+
+
 def test_the_leak_check_sees_the_other_tenant(run: Run) -> None:
     """The detector itself: the other tenant's own listings are full of its data, and the
     acting tenant's are clean of it."""

@@ -361,6 +361,13 @@ def tenant_set_suspended(
             return locked
         locked.is_active = not suspended
         locked.save(update_fields=["is_active"])
+        if suspended:
+            # Tokens cached in other processes carry the tenant as it was: deny them until
+            # every cache entry made before now has expired (a cold load sees the suspension).
+            ttl = int(getattr(settings, "API_TOKEN_CACHE_SECONDS", 10)) + 5
+            active = ApiToken.objects.filter(tenant=locked, revoked_at__isnull=True)
+            for token_id in active.values_list("pk", flat=True):
+                ratelimit.set_marker(f"token-revoked:{token_id}", ttl_s=ttl)
         audit_record(
             tenant=locked,
             actor=actor,

@@ -218,3 +218,17 @@ def test_a_deployments_own_leak_fault_is_bounded_the_same_way(world_a: TenantWor
     assert "at most 256 MB" in exc.value.message
     deployment.refresh_from_db()
     assert deployment.current_revision_id == before  # nothing written
+
+
+def test_a_suspended_tenants_warm_token_is_refused_at_once(world_a: TenantWorld) -> None:
+    client = world_a.client()
+    assert client.get("/api/v1/deployments/").status_code == 200  # the token is now cached
+    tenant_services.tenant_set_suspended(
+        tenant=world_a.tenant, actor=Actor(user=_staff()), suspended=True, reason="abuse"
+    )
+    assert client.get("/api/v1/deployments/").status_code == 401
+    from tenants.auth import token_cache
+
+    token_cache.clear()  # once every cache has let the token go, the reason is the suspension
+    response = client.get("/api/v1/deployments/")
+    assert response.status_code in (401, 403)

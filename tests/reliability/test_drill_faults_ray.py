@@ -32,6 +32,7 @@ from serving.control.serve_api import control_delay_key
 from serving.models import Deployment, DeploymentStatus
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
+from tests.incidents.test_drill_faults import _actor
 from tests.ray_cluster import RayCluster
 from tests.reliability.test_drills_ray import CHAOS_QUEUES, _serving, _status, _until
 from tests.serving.test_ops_ray import Traffic, Worker, worker_factory  # noqa: F401
@@ -41,7 +42,7 @@ DONE = (DrillStatus.PASSED, DrillStatus.FAILED, DrillStatus.ABORTED)
 
 
 def _run(world: TenantWorld, deployment: Deployment, fault: str, **extra: Any) -> DrillRun:
-    actor = Actor(user=world.owner)
+    actor = _actor(world, fault)  # platform faults are run by platform staff
     drill = drills.drill_create(
         tenant=world.tenant, actor=actor, deployment=deployment, name=f"{fault} drill",
         fault=fault, group="stable", duration_s=10, **extra,

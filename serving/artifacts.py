@@ -17,7 +17,7 @@ import shutil
 import tarfile
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
@@ -284,14 +284,9 @@ def scan_archive(archive_path: Path, *, max_bytes: int | None = None) -> Archive
     files: set[tuple[str, ...]] = set()
     try:
         with tarfile.open(archive_path, mode="r:*") as archive:
-            for count, member in enumerate(archive, start=1):
-                if count > MAX_MEMBERS:
-                    raise ArtifactRejected(f"the archive holds more than {MAX_MEMBERS} entries")
-                refused = _kind_refused(member)
-                if refused:
-                    raise ArtifactRejected(refused)
-                parts = _member_parts(member.name)
-                if not member.isreg() or not parts:
+            for position, member, parts in _members(archive):
+                count = position
+                if not member.isreg():
                     continue
                 if parts in files:
                     raise ArtifactRejected(
@@ -307,8 +302,9 @@ def scan_archive(archive_path: Path, *, max_bytes: int | None = None) -> Archive
     return ArchiveContents(unpacked_bytes=total, members=count)
 
 
-def _extract(archive: tarfile.TarFile, dest: Path, max_bytes: int) -> None:
-    total = 0
+def _members(archive: tarfile.TarFile) -> Iterator[tuple[int, tarfile.TarInfo, tuple[str, ...]]]:
+    """(position, member, path parts) of every member the scan and the extraction accept:
+    at most MAX_MEMBERS, none of a refused kind; members with no path (`.`) are skipped."""
     for count, member in enumerate(archive, start=1):
         if count > MAX_MEMBERS:
             raise ArtifactRejected(f"the archive holds more than {MAX_MEMBERS} entries")
@@ -316,8 +312,13 @@ def _extract(archive: tarfile.TarFile, dest: Path, max_bytes: int) -> None:
         if refused:
             raise ArtifactRejected(refused)
         parts = _member_parts(member.name)
-        if not parts:
-            continue
+        if parts:
+            yield count, member, parts
+
+
+def _extract(archive: tarfile.TarFile, dest: Path, max_bytes: int) -> None:
+    total = 0
+    for _, member, parts in _members(archive):
         target = dest.joinpath(*parts)
         try:
             if member.isdir():

@@ -3,7 +3,7 @@ plane while its neighbour (Globex) serves steady traffic on the same local Ray c
 
 The attacks: colliding names, floods within and beyond its own capacity, long prompts, every
 drill a tenant may start (and the ones it may not), webhook targets of every refused kind,
-oversized and expanding uploads, many tenants per user. Asserted: the neighbour sees 0 failed
+oversized and expanding uploads, a shared pool it was never granted, many tenants per user. Asserted: the neighbour sees 0 failed
 requests, its deployment changes still apply, its p99 latency rises by at most
 NEIGHBOUR_P99_FACTOR (the measured factor is printed), and every hostile action got a clear
 4xx whose body names the field."""
@@ -29,7 +29,7 @@ from rest_framework.test import APIClient
 from incidents.models import DrillStatus
 from serving import deployments
 from serving.control import reconcile as control
-from serving.deployment_models import Deployment, DeploymentStatus
+from serving.deployment_models import Deployment, DeploymentStatus, SharedPool
 from serving.engine.testing import write_tiny_checkpoint
 from tenants.actors import Actor
 from tenants.models import Quota
@@ -273,6 +273,13 @@ def test_a_hostile_tenant_cannot_break_slow_starve_or_reach_its_neighbour(
     response = api.generic("POST", upload.replace("bomb", "big"), b"\0" * (65 * 1024),
                            content_type="application/x-tar")  # fmt: skip
     refused.expect("upload beyond the upload cap", response, 413, "artifact")
+
+    # --- a shared pool the platform never granted it ---------------------------------------------
+    SharedPool.objects.create(name="neighbours", model_version=_served(world_b).current_revision
+                              .stable_version).allowed_tenants.add(world_b.tenant)  # fmt: skip
+    response = api.post("/api/v1/deployments/", {"name": "squatter", "version": v2.pk,
+                        "kv_mode": "shared", "pool": "neighbours"}, format="json")  # fmt: skip
+    refused.expect("joining a pool it is not allowed on", response, 400, "pool")
 
     # --- many tenants per user ------------------------------------------------------------------
     session = APIClient()

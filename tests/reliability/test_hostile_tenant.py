@@ -3,9 +3,9 @@ plane while its neighbour (Globex) serves steady traffic on the same local Ray c
 
 The attacks: colliding names, floods within and beyond its own capacity, long prompts, every
 drill a tenant may start (and the ones it may not), webhook targets of every refused kind,
-oversized and expanding uploads, a shared pool it was never granted, many tenants per user. Asserted: the neighbour sees 0 failed
-requests, its deployment changes still apply, its p99 latency rises by at most
-NEIGHBOUR_P99_FACTOR (the measured factor is printed), and every hostile action got a clear
+oversized and expanding uploads, a shared pool it was never granted, many tenants per user,
+a hammered control API. Asserted: the neighbour sees 0 failed requests, its deployment changes
+still apply, its p99 latency rises by at most NEIGHBOUR_P99_FACTOR (the measured factor is printed), and every hostile action got a clear
 4xx whose body names the field."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from django.conf import settings as django_settings
+from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from incidents.models import DrillStatus
@@ -90,6 +91,26 @@ def neighbour(world_b: TenantWorld, ray_cluster: RayCluster) -> Iterator[Steady]
     steady.stop.set()
 
 
+class PatientClient(APIClient):
+    """The hostile tenant's API client honours the tenant's own rate limit (a 429 with
+    Retry-After is waited out and retried), so that each attack below meets the guard it aims
+    at, not the limiter; the limiter itself is attacked on its own."""
+
+    def request(self, **kwargs: Any) -> Any:
+        for _ in range(20):
+            response = super().request(**kwargs)
+            if response.status_code != 429 or response.json()["error"]["code"] != "rate_limited":
+                return response
+            time.sleep(float(response.headers.get("Retry-After", 1)))
+        return response
+
+
+def _patient(world: TenantWorld) -> PatientClient:
+    client = PatientClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.raw_token}")
+    return client
+
+
 @dataclass
 class Refusals:
     """Every hostile action's answer: (what, status, fields named)."""
@@ -153,7 +174,7 @@ def test_a_hostile_tenant_cannot_break_slow_starve_or_reach_its_neighbour(
 ) -> None:
     settings.WEBHOOK_ALLOWED_NETWORKS = []  # the platform's default: public addresses only
     settings.ARTIFACT_STORE_DIR = tmp_path / "store"
-    api = world_a.client()
+    api = _patient(world_a)
     refused = Refusals()
     hostile_owner = Actor(user=world_a.owner)
 
@@ -290,6 +311,19 @@ def test_a_hostile_tenant_cannot_break_slow_starve_or_reach_its_neighbour(
         statuses.append(response.status_code)
     refused.expect("one tenant too many", response, 400, "name")
     assert statuses.count(201) == django_settings.MAX_TENANTS_PER_USER - 1  # it owns Acme
+
+    # --- the control API, hammered: the hostile tenant's bucket empties, not the neighbour's ---
+    Quota.objects.filter(tenant=world_a.tenant).update(requests_per_second=2)
+    cache.delete(f"quota-rps:{world_a.tenant.pk}")
+    hammer = world_a.client()
+    answers = [hammer.get("/api/v1/deployments/") for _ in range(30)]
+    limited = [a for a in answers if a.status_code == 429]
+    assert limited and all(a.headers.get("Retry-After") for a in limited), [
+        a.status_code for a in answers
+    ]
+    assert {a.status_code for a in answers} <= {200, 429}
+    assert world_b.client().get("/api/v1/deployments/").status_code == 200
+    refused.rows.append(("the control API hammered (30 GETs at 2 rps)", 429, f"{len(limited)} limited"))
 
     # --- the neighbour's changes still apply ---------------------------------------------------
     world_b_key = _key(world_b, _served(world_b))  # a new key: a new revision to reconcile

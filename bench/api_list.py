@@ -12,7 +12,7 @@ The run uses its own PostgreSQL database, created and dropped through Django's t
 machinery (``test_<name>`` of DATABASE_URL), and its own Redis key prefixes; it never touches
 real data. Run from the repository root::
 
-    .venv/bin/python bench/api_list.py [--iterations 300] [--profile 200]
+    python -m bench api_list [--quick] [--iterations 300] [--profile 200] [--json PATH]
 
 Results go to stdout and to bench/results/api_list.json.
 """
@@ -22,11 +22,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
-import json
-import os
-import platform
-import pstats
-import statistics
 import sys
 import time
 import types
@@ -38,33 +33,23 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/portal_bench")
-os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
-# Own key prefixes, so the run neither reads nor clears anybody else's cache or buckets.
-os.environ.setdefault("CACHE_KEY_PREFIX", "portal-bench")
-os.environ.setdefault("CHANNEL_PREFIX", "portal-bench:asgi")
-os.environ.setdefault("RATE_LIMIT_KEY_PREFIX", "portal-bench:rl")
+from bench.harness import env  # noqa: E402
 
-import django  # noqa: E402
+# Own settings, Redis db (12 unless REDIS_URL is set) and key prefixes (portal-bench-api-list).
+env.setup("api_list", redis_db=12)
 
-django.setup()
-
-import redis  # noqa: E402
-import rest_framework  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import Client, override_settings  # noqa: E402
-from django.test.utils import (  # noqa: E402
-    CaptureQueriesContext,
-    setup_test_environment,
-    teardown_test_environment,
-)
+from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.urls import include, path  # noqa: E402
 from django.utils import timezone  # noqa: E402
 from rest_framework.generics import ListAPIView  # noqa: E402
 
-from bench.isolated import ensure_base_database  # noqa: E402
+from bench.harness import BenchSession  # noqa: E402
+from bench.harness.profiling import top  # noqa: E402
+from bench.harness.report import environment, print_table, results_path, write_results  # noqa: E402
+from bench.harness.stats import ratio, summarise  # noqa: E402
 from portal import ratelimit  # noqa: E402
 from portal.api.pagination import IdCursorPagination  # noqa: E402
 from tenants import services  # noqa: E402
@@ -78,7 +63,7 @@ BENCH_URLCONF = "bench_api_list_urls"
 TARGET_RATIO = 0.8
 # High enough that the limiter never throttles; the limiter itself stays on (Redis script).
 BENCH_RPS = 1_000_000
-RESULTS_PATH = REPO_ROOT / "bench" / "results" / "api_list.json"
+RESULTS_PATH = results_path("api_list")
 ACTIONS = (
     "deployment.created",
     "deployment.scaled",
@@ -108,21 +93,6 @@ def install_bench_urlconf() -> str:
     ]
     sys.modules[BENCH_URLCONF] = module
     return BENCH_URLCONF
-
-
-# --- isolated database and Redis ---------------------------------------------------------
-
-
-def clear_bench_redis() -> None:
-    """Delete this run's cache entries and rate-limit buckets (its own prefixes only)."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    for pattern in (
-        f"{settings.RATE_LIMIT_KEY_PREFIX}:*",
-        f"{settings.CACHES['default']['KEY_PREFIX']}:*",
-    ):
-        keys = list(client.scan_iter(pattern))
-        if keys:
-            client.delete(*keys)
 
 
 # --- data ----------------------------------------------------------------------------------
@@ -230,18 +200,6 @@ def timed(client: Client, url: str) -> float:
     return elapsed
 
 
-def summarise(times: list[float]) -> dict[str, float]:
-    ordered = sorted(times)
-    return {
-        "requests": len(times),
-        "total_s": round(sum(times), 4),
-        "req_per_s": round(len(times) / sum(times), 1),
-        "mean_ms": round(statistics.fmean(times) * 1000, 3),
-        "p50_ms": round(statistics.median(times) * 1000, 3),
-        "p95_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))] * 1000, 3),
-    }
-
-
 def run_ab(scoped: Client, bare: Client, iterations: int) -> tuple[list[float], list[float]]:
     """Interleaved A/B/A/B..., so drift (CPU frequency, neighbours, cache TTLs) hits both."""
     scoped_times: list[float] = []
@@ -260,27 +218,16 @@ def profile(client: Client, url: str, n: int, out: Path) -> str:
         client.get(url)
     profiler.disable()
     profiler.dump_stats(out)
-    lines: list[str] = []
-    for sort in ("tottime", "cumulative"):
-        stream = _Stream()
-        stats = pstats.Stats(profiler, stream=stream)  # type: ignore[arg-type]
-        stats.strip_dirs().sort_stats(sort).print_stats(25)
-        lines.append(f"--- {url} x{n}, by {sort} ---\n{stream.text}")
-    return "\n".join(lines)
-
-
-class _Stream:
-    def __init__(self) -> None:
-        self.text = ""
-
-    def write(self, s: str) -> None:
-        self.text += s
+    return "\n".join(
+        f"--- {url} x{n}, by {sort} ---\n{top(profiler, sort)}"
+        for sort in ("tottime", "cumulative")
+    )
 
 
 # --- report --------------------------------------------------------------------------------
 
 
-def print_table(result: dict[str, Any]) -> None:
+def print_result(result: dict[str, Any]) -> None:
     s, b = result["scoped"], result["bare"]
     rows = [
         ("", "scoped", "bare"),
@@ -301,30 +248,12 @@ def print_table(result: dict[str, Any]) -> None:
     rows.append(
         ("SQL constant", str(s["queries"]["constant"]), str(b["queries"]["constant"])),
     )
-    width = max(len(r[0]) for r in rows)
     print(f"\n  rate limiter: {result['config']['rate_limiter']}")
-    for label, left, right in rows:
-        print(f"  {label:<{width}}  {left:>10}  {right:>10}")
+    print_table(rows)
     verdict = "OK" if result["ratio_ok"] else "BELOW TARGET"
     print(
         f"\n  ratio scoped/bare: {result['ratio']:.3f}x  (target >= {TARGET_RATIO}x: {verdict})\n"
     )
-
-
-def environment() -> dict[str, Any]:
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW server_version")
-        pg_version = cursor.fetchone()[0]
-    return {
-        "python": platform.python_version(),
-        "django": django.get_version(),
-        "djangorestframework": rest_framework.VERSION,
-        "postgresql": pg_version,
-        "redis_url": settings.REDIS_URL,
-        "database": settings.DATABASES["default"]["NAME"],
-        "cpus": os.cpu_count(),
-        "debug": settings.DEBUG,
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,18 +274,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="no rate-limit leases: one Redis round trip per request, as for default quotas",
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="--iterations 40 --warmup 5 --tenants 4 --events 1000",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.iterations, args.warmup, args.tenants, args.events = 40, 5, 4, 1000
 
-    ensure_base_database(settings)
     # DEBUG off as in production (no per-query logging); CaptureQueriesContext still works.
-    setup_test_environment(debug=False)
-    old_name = settings.DATABASES["default"]["NAME"]
-    test_name = connection.creation.create_test_db(
-        verbosity=0, autoclobber=True, keepdb=False, serialize=False
-    )
-    clear_bench_redis()
-    try:
+    with BenchSession("api_list") as session:
+        test_name = session.database()
+        session.redis()
         print(f"test database {test_name}: seeding {args.tenants} tenants, {args.events} events")
         started = time.perf_counter()
         tenant, raw_token = seed(args.tenants, args.events)
@@ -387,11 +318,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(profile(client, url, args.profile, out))
 
         scoped_timing, bare_timing = summarise(scoped_times), summarise(bare_times)
-        ratio = scoped_timing["req_per_s"] / bare_timing["req_per_s"]
+        scoped_to_bare = ratio(scoped_timing["req_per_s"], bare_timing["req_per_s"])
         result = {
             "benchmark": "api_list",
             "at": datetime.now(UTC).isoformat(timespec="seconds"),
             "config": {
+                "quick": args.quick,
                 "iterations": args.iterations,
                 "warmup": args.warmup,
                 "tenants": args.tenants,
@@ -406,28 +338,24 @@ def main(argv: list[str] | None = None) -> int:
                 "seed_s": round(seed_s, 2),
                 **shape,
             },
-            "environment": environment(),
+            "environment": environment(
+                "django", "djangorestframework", database=True, redis_url=settings.REDIS_URL
+            ),
             "scoped": {
                 "url": SCOPED_URL,
                 "timing": scoped_timing,
                 "queries": queries["scoped"],
             },
             "bare": {"url": BARE_URL, "timing": bare_timing, "queries": queries["bare"]},
-            "ratio": round(ratio, 3),
+            "ratio": scoped_to_bare,
             "target_ratio": TARGET_RATIO,
-            "ratio_ok": ratio >= TARGET_RATIO,
+            "ratio_ok": scoped_to_bare >= TARGET_RATIO,
             "profiles": profiles,
         }
-        print_table(result)
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.output}")
+        print_result(result)
+        write_results("api_list", result, args.output)
         if not result["ratio_ok"] and not args.profile:
             print("below target: rerun with --profile 200 to see where the scoped view spends it")
-    finally:
-        clear_bench_redis()
-        connection.creation.destroy_test_db(old_name, verbosity=0, keepdb=False)
-        teardown_test_environment()
     return 0
 
 

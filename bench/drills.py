@@ -22,8 +22,8 @@ MTTD = the run's first drill incident - injection; MTTR = mitigation - injection
 DrillRun). Per run it also records what the clients saw (first and last bad answer after the
 injection), the verdict, the resilience score, and whether the fault was left in the revision.
 
-    .venv/bin/python bench/drills.py [--runs 5] [--kinds error_burst,latency_spike] \
-        [--duration 20] [--quick]
+    python -m bench drills [--runs 5] [--kinds error_burst,latency_spike] \
+        [--duration 20] [--quick] [--json PATH]
 
 Writes bench/results/drills.json. Targets (kinds the rollback can fix, on the canary):
 MTTD p95 <= 10 s, MTTR p95 <= 15 s.
@@ -33,17 +33,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import json
+import logging
 import os
-import shutil
-import signal
-import socket
-import statistics
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,173 +45,26 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-BENCH_PREFIX = "portal-bench-drills"
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/portal_bench")
-os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/14")
-os.environ["CACHE_KEY_PREFIX"] = BENCH_PREFIX
-os.environ["CHANNEL_PREFIX"] = f"{BENCH_PREFIX}:asgi"
-os.environ["RATE_LIMIT_KEY_PREFIX"] = f"{BENCH_PREFIX}:rl"
+from bench.harness import env  # noqa: E402
+
+# Own settings, Redis db (14 unless REDIS_URL is set), prefixes portal-bench-drills (SLI keys and
+# Celery's queues included: bench/harness/settings.py).
+env.isolate("drills", redis_db=14)
 os.environ["PORTAL_TEST_RECONCILE"] = ""  # this process reconciles its own changes itself
 
 import django  # noqa: E402
 
 django.setup()
 
-import logging  # noqa: E402
+from bench.harness import BenchSession  # noqa: E402
+from bench.harness.clients import Clients  # noqa: E402
+from bench.harness.database import database_url  # noqa: E402
+from bench.harness.report import environment, print_table, results_path, write_results  # noqa: E402
+from bench.harness.stats import median, percentile_or_none  # noqa: E402
+from tests.support.contracts import DRILLS as CONTRACT  # noqa: E402
 
-import httpx  # noqa: E402
-from django.conf import settings  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment, teardown_test_environment  # noqa: E402
-
-from bench.isolated import clear_redis, ensure_base_database  # noqa: E402
-
-RESULTS = REPO_ROOT / "bench" / "results" / "drills.json"
+RESULTS = results_path("drills")
 TARGET_MTTD_P95_S, TARGET_MTTR_P95_S = 10.0, 15.0
-PR_SET_PDEATHSIG = 1
-# The demo's contract (tests' FAST_CONTRACT + the demo's p95 objective) with a latency fast
-# rule: without one a latency spike on the canary is never an incident (the objectives alone
-# only burn the 30-day budget, which a 20 s spike hardly touches).
-CONTRACT = """\
-apiVersion: aiops.portal/v1
-kind: SlaContract
-metadata:
-  name: bench-drills-sla
-spec:
-  window: 30d
-  objectives:
-    - name: availability
-      sli: availability
-      target: 0.99
-    - name: p95-latency
-      sli: latency_p95
-      threshold_ms: 500
-  fast:
-    - name: error-spike
-      sli: error_rate
-      above: 0.1
-      for: 15s
-      min_requests: 10
-      action: rollback
-    - name: latency-spike
-      sli: latency_p95
-      above_ms: 500
-      for: 15s
-      min_requests: 10
-      action: rollback
-"""
-PROMPT = {"prompt": "The quick brown fox", "max_tokens": 1, "temperature": 0}
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
-def die_with_parent() -> None:
-    """preexec_fn of the worker and beat: SIGTERM when the bench goes, even on SIGKILL."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports, none of Redis', the portal's or Ray's worker range."""
-    held, ports = [], []
-    try:
-        while len(ports) < count:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            held.append(sock)
-            port = sock.getsockname()[1]
-            if port not in (6379, 8000) and not 10002 <= port < 20000:
-                ports.append(port)
-    finally:
-        for sock in held:
-            sock.close()
-    return ports
-
-
-def start_process(args: list[str], env: dict[str, str], log: Path, ready: str) -> Any:
-    handle = log.open("w")
-    process = subprocess.Popen(  # noqa: S603 (sys.executable and fixed flags)
-        args,
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=handle,
-        stderr=subprocess.STDOUT,
-        preexec_fn=die_with_parent,  # noqa: PLW1509 (prctl only)
-    )
-    deadline = time.monotonic() + 120
-    while ready not in log.read_text():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise SystemExit(f"{args[3]} did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    return process
-
-
-def bench_redis_patterns() -> tuple[str, ...]:
-    # SLI keys use tests.settings' fixed prefix: the bench's own Redis db keeps them apart.
-    return (
-        f"{BENCH_PREFIX}:*",
-        f"{BENCH_PREFIX}*",
-        f"{settings.SLI_KEY_PREFIX}:*",
-        "_kombu.*",
-        "unacked*",
-        "celery-task-meta-*",
-        "default",
-        "health",
-        "chaos",
-    )
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def median(values: list[float]) -> float | None:
-    return round(statistics.median(values), 2) if values else None
-
-
-class Clients:
-    """Client threads through the Serve proxy; every answer is logged as (sent, done, status,
-    group) (group from `x-ab-group`, "?" when the proxy answered without the router)."""
-
-    def __init__(self, url: str, key: str, threads: int) -> None:
-        self.url, self.key = url, key
-        self.log: list[tuple[float, float, int, str]] = []
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
-        for thread in self.threads:
-            thread.start()
-
-    def _run(self) -> None:
-        headers = {"authorization": f"Bearer {self.key}"}
-        with httpx.Client(timeout=30, trust_env=False) as http:
-            while not self.stop.is_set():
-                sent = time.time()
-                try:
-                    response = http.post(self.url, json=PROMPT, headers=headers)
-                    status, group = response.status_code, response.headers.get("x-ab-group", "?")
-                except httpx.HTTPError:
-                    status, group = 0, "?"
-                with self.lock:
-                    self.log.append((sent, time.time(), status, group))
-                if status != 200:
-                    time.sleep(0.05)  # a dead proxy answers at once: no busy loop
-
-    def between(self, start: float, end: float) -> list[tuple[float, float, int, str]]:
-        with self.lock:
-            return [entry for entry in self.log if start <= entry[1] <= end]
-
-    def close(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=35)
 
 
 class Bench:
@@ -231,13 +76,13 @@ class Bench:
     # --- setup --------------------------------------------------------------------------
 
     def build(self) -> None:
-        from serving import deployments
-        from serving import services as registry
-        from serving.contracts import contract_set
+        from serving.deployments import services as deployments
+        from serving.deployments.models import Deployment
         from serving.engine.testing import write_tiny_checkpoint
-        from serving.models import Deployment
+        from serving.ops.contracts import contract_set
+        from serving.registry import services as registry
         from tenants.actors import Actor
-        from tests.conftest import make_world
+        from tests.support.worlds import make_world
 
         world = make_world("Bench")
         self.tenant, self.actor = world.tenant, Actor(user=world.owner)
@@ -265,7 +110,7 @@ class Bench:
         self.url = f"{self.target.serve_url}/{self.tenant.slug}/assistant/v1/completions"
 
     def reconcile(self, present: list[str], absent: list[str]) -> None:
-        from serving.control import reconcile as control
+        from serving.deployments import reconcile as control
 
         control.reconcile(target=self.target, client=self.client)
         if present:
@@ -277,7 +122,7 @@ class Bench:
     # --- one run ------------------------------------------------------------------------
 
     def slot(self, kind: str) -> str:
-        from incidents.drills import CATALOGUE
+        from incidents.drills.catalogue import CATALOGUE
 
         if kind in self.args.stable:
             return "stable"
@@ -286,7 +131,7 @@ class Bench:
     def prepare(self, group: str) -> dict[str, Any]:
         """The slot the run needs: a clean canary for request faults, stable alone for replica
         faults; a fault still in the revision is removed (and reported)."""
-        from serving import deployments
+        from serving.deployments import services as deployments
 
         self.deployment.refresh_from_db()
         current = self.deployment.current_revision
@@ -314,7 +159,7 @@ class Bench:
         return leftover
 
     def firing(self, group: str) -> list[str]:
-        from serving.health import deployment_health
+        from serving.ops.health import deployment_health
 
         slots = deployment_health(self.deployment.pk).get("slots") or {}
         return [f.get("name") for f in (slots.get(group) or {}).get("firing") or []]
@@ -370,7 +215,7 @@ class Bench:
     def one_run(self, kind: str, index: int, clients: Clients) -> dict[str, Any]:
         from incidents import drills
         from incidents.models import Incident
-        from serving.models import Rollback
+        from serving.ops.models import Rollback
 
         group = self.slot(kind)
         load = os.getloadavg()[0]
@@ -436,7 +281,7 @@ class Bench:
         baseline: dict[str, Any],
         load: float,
     ) -> dict[str, Any]:
-        from incidents.drills import CATALOGUE
+        from incidents.drills.catalogue import CATALOGUE
         from incidents.models import Incident
 
         injected = run.injected_at.timestamp() if run.injected_at else None
@@ -546,11 +391,11 @@ def summarize(kind: str, slot: str, runs: list[dict[str, Any]]) -> dict[str, Any
         **counts,
         "detected": len(mttd),
         "mitigated": len(mttr),
-        "mttd_p50_s": median(mttd),
-        "mttd_p95_s": pct(mttd, 0.95),
-        "mttr_p50_s": median(mttr),
-        "mttr_p95_s": pct(mttr, 0.95),
-        "score_p50": median(scores),
+        "mttd_p50_s": median(mttd, 2),
+        "mttd_p95_s": percentile_or_none(mttd, 0.95),
+        "mttr_p50_s": median(mttr, 2),
+        "mttr_p95_s": percentile_or_none(mttr, 0.95),
+        "score_p50": median(scores, 2),
         "rollback_fixable": fixable,
     }
     if fixable:
@@ -566,24 +411,52 @@ def summarize(kind: str, slot: str, runs: list[dict[str, Any]]) -> dict[str, Any
     return summary
 
 
-def print_table(summaries: list[dict[str, Any]]) -> None:
+def print_summaries(summaries: list[dict[str, Any]]) -> None:
     def f(value: Any) -> str:
         return "-" if value is None else f"{value:.1f}"
 
-    print()
+    def target(s: dict[str, Any]) -> str:
+        return "n/a" if s["target_ok"] is None else ("OK" if s["target_ok"] else "NOT MET")
+
+    print_table(
+        [
+            (s["kind"], s["slot"], s["runs"], s["passed"], s["failed"], s["aborted"], s["error"],
+             f"{s['detected']}/{s['runs']}", f(s["mttd_p50_s"]), f(s["mttd_p95_s"]),
+             f(s["mttr_p50_s"]), f(s["mttr_p95_s"]), f(s["score_p50"]), target(s))
+            for s in summaries
+        ],
+        header=("kind", "slot", "runs", "pass", "fail", "abrt", "err", "det", "MTTD p50", "p95",
+                "MTTR p50", "p95", "score", "target"),
+    )  # fmt: skip
+
+
+def one_record(bench: Bench, kind: str, index: int, clients: Clients) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        record = bench.one_run(kind, index, clients)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # one broken run must not end the others
+        logging.getLogger(__name__).exception("run %s %d", kind, index)
+        record = {
+            "kind": kind,
+            "slot": bench.slot(kind),
+            "run": index,
+            "status": "error",
+            "verdict": f"{type(exc).__name__}: {exc}",
+        }
+    record["bench_s"] = round(time.monotonic() - started, 1)
+    c = record.get("client") or {}
     print(
-        f"  {'kind':<20}{'slot':<8}{'runs':>5}{'pass':>5}{'fail':>5}{'abrt':>5}{'err':>4}"
-        f"{'det':>6}{'MTTD p50':>10}{'p95':>7}{'MTTR p50':>10}{'p95':>7}{'score':>7}"
-        "  target"
+        f"  {kind:<16} run {index}: {record['status']:<8} MTTD "
+        f"{record.get('mttd_s') if record.get('mttd_s') is not None else '-':>6}  "
+        f"MTTR {record.get('mttr_s') if record.get('mttr_s') is not None else '-':>6}"
+        f"  score {record.get('resilience_score')}  clients bad "
+        f"{c.get('bad', '-')}/{c.get('slot_answers', '-')} "
+        f"[{c.get('first_bad_s')}..{c.get('last_bad_s')}] s  "
+        f"({record['bench_s']} s) {record.get('verdict', '')[:70]}"
     )
-    for s in summaries:
-        target = "n/a" if s["target_ok"] is None else ("OK" if s["target_ok"] else "NOT MET")
-        print(
-            f"  {s['kind']:<20}{s['slot']:<8}{s['runs']:>5}{s['passed']:>5}{s['failed']:>5}"
-            f"{s['aborted']:>5}{s['error']:>4}{s['detected']:>4}/{s['runs']:<1}"
-            f"{f(s['mttd_p50_s']):>10}{f(s['mttd_p95_s']):>7}{f(s['mttr_p50_s']):>10}"
-            f"{f(s['mttr_p95_s']):>7}{f(s['score_p50']):>7}  {target}"
-        )
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -591,7 +464,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs per fault kind")
     parser.add_argument("--kinds", default="", help="comma-separated kinds (default: all)")
     parser.add_argument("--duration", type=int, default=20, help="each drill's duration_s")
-    parser.add_argument("--quick", action="store_true", help="--runs 2 --duration 12")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="--runs 1 --duration 8 --settle 5, error_burst only (unless --kinds)",
+    )
     parser.add_argument("--tick", type=float, default=1.0, help="health tick interval (s)")
     parser.add_argument(
         "--settle", type=float, default=15.0, help="clean traffic on the slot before each run (s)"
@@ -635,11 +512,12 @@ def main(argv: list[str] | None = None) -> int:
             value = float(value) if "." in value else int(value)
         args.params.setdefault(kind, {})[param] = value
     if args.quick:
-        args.runs, args.duration = 2, 12
+        args.runs, args.duration, args.settle = 1, 8, 5.0
+        args.kinds = args.kinds or "error_burst"
     for name in ("httpx", "celery", "tenants", "serving", "incidents", "portal"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
-    from incidents.drills import CATALOGUE
+    from incidents.drills.catalogue import CATALOGUE
 
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or [str(k) for k in CATALOGUE]
     unknown = [k for k in kinds if k not in CATALOGUE]
@@ -649,165 +527,52 @@ def main(argv: list[str] | None = None) -> int:
     kinds.sort(key=lambda k: CATALOGUE[k].blast != "traffic" or k in args.stable)
 
     from portal.celery import app as celery_app
-    from serving.control.cluster import LocalHeadConfig, local_target, start_head, stop_head
 
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` cleans up like Ctrl-C
-    ensure_base_database(settings)
-    setup_test_environment(debug=False)
-    db = settings.DATABASES["default"]
-    old_name = db["NAME"]
-    db.setdefault("TEST", {})["NAME"] = f"test_{old_name}_drills"
-    test_name = connection.creation.create_test_db(
-        verbosity=0, autoclobber=True, keepdb=False, serialize=False
-    )
-    clear_redis(settings.REDIS_URL, *bench_redis_patterns())
-    work = Path(tempfile.mkdtemp(prefix="portal-bench-drills-"))
-    ports = free_ports(7)
-    head = LocalHeadConfig(
-        data_dir=work / "ray",
-        gcs_port=ports[0],
-        dashboard_port=ports[1],
-        serve_port=ports[2],
-        client_server_port=ports[3],
-        dashboard_agent_port=ports[4],
-        autoscaler_metrics_port=ports[5],
-        dashboard_metrics_port=ports[6],
-        num_cpus=2,
-        num_gpus=0,
-    )
-    processes: list[Any] = []
-    clients: Clients | None = None
     records: list[dict[str, Any]] = []
     status = 0
     began = time.monotonic()
     load_start = os.getloadavg()
-    print(
-        f"kinds {', '.join(kinds)}; {args.runs} runs each, {args.duration} s; test database "
-        f"{test_name}; load {', '.join(f'{v:.2f}' for v in load_start)}"
-    )
     try:
-        print("starting the Ray head ...")
-        start_head(head)
-        target = local_target(head)
-        bench = Bench(args, target, work)
-        bench.build()
-        env = {
-            **os.environ,
-            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{test_name}",
-            "PORTAL_TEST_WORKER": "1",
-            "PORTAL_TEST_RECONCILE": "1",  # the drill's revisions are reconciled on commit
-            "RAY_ADDRESS": target.address,
-            "RAY_DASHBOARD_URL": target.dashboard_url,
-            "RAY_AUTH_TOKEN": target.token,
-            "RAY_SERVE_URL": target.serve_url,
-            "PORTAL_RAY_SERVE_HOST": "127.0.0.1",
-            "EMAIL_FILE_PATH": str(work / "mail"),
-            "HEALTH_TICK_S": str(args.tick),
-        }
-        print("deploying stable ...")
-        bench.reconcile([bench.app], [])
-        celery_app.conf.task_always_eager = False  # run_start's step goes to the worker
-        python = sys.executable
-        processes.append(
-            start_process(
-                [
-                    python,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "portal",
-                    "worker",
-                    "-Q",
-                    "default,health,chaos",
-                    "--concurrency",
-                    "2",
-                    "--without-gossip",
-                    "--without-mingle",
-                    "-l",
-                    "INFO",
-                ],
-                env,
-                work / "worker.log",
-                "ready",
+        with BenchSession("drills") as session:
+            test_name = session.database()
+            session.redis()
+            print(
+                f"kinds {', '.join(kinds)}; {args.runs} runs each, {args.duration} s; test "
+                f"database {test_name}; load {', '.join(f'{v:.2f}' for v in load_start)}"
             )
-        )
-        processes.append(
-            start_process(
-                [
-                    python,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "portal",
-                    "beat",
-                    "-S",
-                    "celery.beat:PersistentScheduler",
-                    "-s",
-                    str(work / "beat-schedule"),
-                    "-l",
-                    "INFO",
-                ],
-                env,
-                work / "beat.log",
-                "beat: Starting",
+            work = session.workdir()
+            _, target = session.ray_head(work)
+            bench = Bench(args, target, work)
+            bench.build()
+            child_env = {
+                **os.environ,
+                "DATABASE_URL": database_url(test_name),
+                "PORTAL_TEST_WORKER": "1",
+                "PORTAL_TEST_RECONCILE": "1",  # the drill's revisions are reconciled on commit
+                "RAY_ADDRESS": target.address,
+                "RAY_DASHBOARD_URL": target.dashboard_url,
+                "RAY_AUTH_TOKEN": target.token,
+                "RAY_SERVE_URL": target.serve_url,
+                "PORTAL_RAY_SERVE_HOST": "127.0.0.1",
+                "EMAIL_FILE_PATH": str(work / "mail"),
+                "HEALTH_TICK_S": str(args.tick),
+            }
+            print("deploying stable ...")
+            bench.reconcile([bench.app], [])
+            celery_app.conf.task_always_eager = False  # run_start's step goes to the worker
+            session.callback(setattr, celery_app.conf, "task_always_eager", True)
+            session.celery_worker(child_env, work / "worker.log", queues="default,health,chaos")
+            session.celery_beat(child_env, work)
+            clients = Clients(bench.url, bench.key, args.clients)
+            session.callback(clients.close)
+            records.extend(
+                one_record(bench, kind, index, clients)
+                for kind in kinds
+                for index in range(1, args.runs + 1)
             )
-        )
-        clients = Clients(bench.url, bench.key, args.clients)
-        for kind in kinds:
-            for index in range(1, args.runs + 1):
-                started = time.monotonic()
-                try:
-                    record = bench.one_run(kind, index, clients)
-                except KeyboardInterrupt:
-                    raise
-                except Exception as exc:  # one broken run must not end the others
-                    logging.getLogger(__name__).exception("run %s %d", kind, index)
-                    record = {
-                        "kind": kind,
-                        "slot": bench.slot(kind),
-                        "run": index,
-                        "status": "error",
-                        "verdict": f"{type(exc).__name__}: {exc}",
-                    }
-                record["bench_s"] = round(time.monotonic() - started, 1)
-                records.append(record)
-                c = record.get("client") or {}
-                print(
-                    f"  {kind:<16} run {index}: {record['status']:<8} MTTD "
-                    f"{record.get('mttd_s') if record.get('mttd_s') is not None else '-':>6}  "
-                    f"MTTR {record.get('mttr_s') if record.get('mttr_s') is not None else '-':>6}"
-                    f"  score {record.get('resilience_score')}  clients bad "
-                    f"{c.get('bad', '-')}/{c.get('slot_answers', '-')} "
-                    f"[{c.get('first_bad_s')}..{c.get('last_bad_s')}] s  "
-                    f"({record['bench_s']} s) {record.get('verdict', '')[:70]}"
-                )
     except KeyboardInterrupt:
-        print("\ninterrupted: stopping the Ray head, dropping the test database", file=sys.stderr)
+        print("\ninterrupted: stopped the Ray head, dropped the test database", file=sys.stderr)
         status = 130
-    finally:
-        # The cleanup runs to the end, whatever arrives meanwhile.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        try:
-            if clients is not None:
-                clients.close()
-            for process in processes:
-                process.terminate()
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-            stopped = stop_head(head)
-            print(f"Ray head stopped ({len(stopped)} processes)")
-            celery_app.conf.task_always_eager = True
-            clear_redis(settings.REDIS_URL, *bench_redis_patterns())
-            connection.close()
-            connection.creation.destroy_test_db(old_name, verbosity=0, keepdb=False)
-            teardown_test_environment()
-            shutil.rmtree(work, ignore_errors=True)
-        finally:
-            signal.signal(signal.SIGINT, previous)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if not records:
         return status or 1
     summaries = []
@@ -815,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [r for r in records if r["kind"] == kind]
         if runs:
             summaries.append(summarize(kind, runs[0]["slot"], runs))
-    print_table(summaries)
+    print_summaries(summaries)
     fixable = [s for s in summaries if s["rollback_fixable"]]
     ok = all(s["target_ok"] for s in fixable) if fixable else None
     runtime = round(time.monotonic() - began, 1)
@@ -828,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "drills",
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": {
+            "quick": args.quick,
             "runs": args.runs,
             "duration_s": args.duration,
             "kinds": kinds,
@@ -842,18 +608,15 @@ def main(argv: list[str] | None = None) -> int:
             "contract": CONTRACT,
         },
         "environment": {
-            "cpus": os.cpu_count(),
+            **environment("ray", "celery"),
             "load_start": [round(v, 2) for v in load_start],
-            "load_end": [round(v, 2) for v in os.getloadavg()],
         },
         "runtime_s": runtime,
         "targets": {"mttd_p95_s": TARGET_MTTD_P95_S, "mttr_p95_s": TARGET_MTTR_P95_S, "ok": ok},
         "kinds": summaries,
         "runs": records,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"wrote {args.output}")
+    write_results("drills", result, args.output)
     return status
 
 

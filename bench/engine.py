@@ -4,7 +4,7 @@ Same process, same random checkpoint (built on the fly, nothing downloaded), sam
 greedy decoding of a fixed number of new tokens, CPU, batch 1 and 8. Runs alternate A/B and
 the best of the repeats is kept for each side. Checks the greedy outputs are identical first.
 
-    .venv/bin/python bench/engine.py [--model tiny|small] [--new-tokens 128] [--repeats 5]
+    python -m bench engine [--quick] [--model tiny|small] [--new-tokens 128] [--repeats 5]
 
 Writes bench/results/engine-<model>.json.
 """
@@ -12,7 +12,6 @@ Writes bench/results/engine-<model>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import tempfile
@@ -27,13 +26,14 @@ if str(REPO_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from bench.harness.report import print_table, results_path, write_results  # noqa: E402
+from bench.harness.stats import ratio  # noqa: E402
 from serving.engine.checkpoint import load_tensors  # noqa: E402
 from serving.engine.config import read_config  # noqa: E402
 from serving.engine.engine import Engine, SamplingParams  # noqa: E402
 from serving.engine.model import LlamaModel  # noqa: E402
 from serving.engine.testing import write_tiny_checkpoint  # noqa: E402
 
-RESULTS_DIR = REPO_ROOT / "bench" / "results"
 TARGET_BATCH8 = 1.5
 MODELS: dict[str, dict[str, Any]] = {
     # The test suite's checkpoint (0.1M parameters): per-step overhead dominates.
@@ -84,9 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--quick", action="store_true", help="--new-tokens 16 --prompt-tokens 16 --repeats 1"
+    )
     parser.add_argument("--output", type=Path, help="default bench/results/engine-<model>.json")
     args = parser.parse_args(argv)
-    args.output = args.output or RESULTS_DIR / f"engine-{args.model}.json"
+    if args.quick:
+        args.new_tokens, args.prompt_tokens, args.repeats = 16, 16, 1
+    args.output = args.output or results_path(f"engine-{args.model}")
 
     import transformers
 
@@ -119,12 +124,13 @@ def main(argv: list[str] | None = None) -> int:
                 "prompt_tokens": args.prompt_tokens,
                 "ours_tokens_per_s": round(ours_tps, 1),
                 "transformers_tokens_per_s": round(hf_tps, 1),
-                "ratio": round(ours_tps / hf_tps, 3),
+                "ratio": ratio(ours_tps, hf_tps),
             }
         )
     result = {
         "benchmark": "engine",
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "quick": args.quick,
         "model": {"name": args.model, **spec, "parameters": config.parameter_count()},
         "environment": {
             "python": platform.python_version(),
@@ -137,17 +143,17 @@ def main(argv: list[str] | None = None) -> int:
         "ok": rows[-1]["ratio"] >= TARGET_BATCH8,
     }
     print(f"\n  model: {config.parameter_count() / 1e6:.1f}M parameters, CPU, greedy\n")
-    print(f"  {'batch':>5}  {'ours tok/s':>10}  {'hf tok/s':>10}  {'ratio':>6}")
-    for row in rows:
-        print(
-            f"  {row['batch']:>5}  {row['ours_tokens_per_s']:>10.1f}  "
-            f"{row['transformers_tokens_per_s']:>10.1f}  {row['ratio']:>5.2f}x"
-        )
+    print_table(
+        [
+            (r["batch"], f"{r['ours_tokens_per_s']:.1f}", f"{r['transformers_tokens_per_s']:.1f}",
+             f"{r['ratio']:.2f}x")
+            for r in rows
+        ],
+        header=("batch", "ours tok/s", "hf tok/s", "ratio"),
+    )  # fmt: skip
     verdict = "OK" if result["ok"] else "BELOW TARGET"
     print(f"\n  batch 8 target >= {TARGET_BATCH8}x: {verdict}\n")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    write_results("engine", result, args.output)
     return 0
 
 

@@ -1,6 +1,7 @@
 """GPU check: reads this machine's real GPUs through NvmlProvider, as the telemetry agent will.
 
-    .venv/bin/python bench/gpu_check.py [--seconds 10] [--hz 5] [--alloc-mb N] [--load]
+    python -m bench gpu_check [--quick] [--simulated] [--seconds 10] [--hz 5]
+                              [--alloc-mb N] [--load]
 
 Prints the devices, then samples devices() and processes() at --hz for --seconds and reports:
 the cost of each call (p50/p99 ms); the share of consecutive samples whose utilisation pair
@@ -11,15 +12,18 @@ while sampling, so the repeat share is measured on moving values rather than an 
 With --alloc-mb N (torch with CUDA only) allocates N MB on the first CUDA device and checks
 that processes() lists this process's pid there with at least N MB.
 
-Needs no Django. Exits 2 with the reason when there is no GPU, 1 when a check fails, else 0.
-Writes bench/results/gpu_check.json (gitignored).
+--quick samples for 2 s; on a machine without a GPU it runs the same checks against the labelled
+simulated provider (serving.telemetry.providers.simulated) and says so (`"simulated": true` in
+the results), so the code path stays exercised; --simulated forces that provider.
+
+Needs no Django. Exits 2 with the reason when there is no GPU (and neither --quick nor
+--simulated), 1 when a check fails, else 0. Writes bench/results/gpu_check.json (gitignored).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
+import contextlib
 import os
 import platform
 import sys
@@ -34,10 +38,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from serving.telemetry.nvml import NvmlProvider  # noqa: E402
-from serving.telemetry.provider import DeviceSample, GpuProcess, NoGpu  # noqa: E402
+from bench.harness.report import results_path, write_results  # noqa: E402
+from bench.harness.stats import percentile  # noqa: E402
+from serving.telemetry.providers.base import DeviceSample, GpuProcess, NoGpu  # noqa: E402
 
-RESULTS_DIR = REPO_ROOT / "bench" / "results"
 MB = 1024**2
 # Plausible bounds for any current NVIDIA data-centre or desktop GPU; 0 means "not supported".
 RANGES: dict[str, tuple[float, float]] = {
@@ -48,12 +52,6 @@ RANGES: dict[str, tuple[float, float]] = {
     "sm_clock_mhz": (0.0, 4000.0),
 }
 MAX_VIOLATIONS_KEPT = 50
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile; `values` must not be empty."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def sample_violations(sample: DeviceSample) -> list[str]:
@@ -153,7 +151,7 @@ def start_load(torch: Any) -> tuple[threading.Event, threading.Thread]:
 
 
 def alloc_check(
-    provider: NvmlProvider, devices: list[DeviceSample], torch: Any, megabytes: int
+    provider: Any, devices: list[DeviceSample], torch: Any, megabytes: int
 ) -> dict[str, Any]:
     pid = os.getpid()
     index = nvml_index_of_first_cuda_device(torch, devices)
@@ -195,16 +193,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hz", type=float, default=5.0)
     parser.add_argument("--alloc-mb", type=int, default=0, help="allocate N MB (torch CUDA)")
     parser.add_argument("--load", action="store_true", help="keep cuda:0 busy while sampling")
-    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "gpu_check.json")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="--seconds 2; the simulated provider (labelled) where there is no GPU",
+    )
+    parser.add_argument(
+        "--simulated", action="store_true", help="the simulated provider, GPU or not"
+    )
+    parser.add_argument("--output", type=Path, default=results_path("gpu_check"))
     args = parser.parse_args(argv)
+    if args.quick:
+        args.seconds = 2.0
     if args.hz <= 0 or args.seconds <= 0 or args.alloc_mb < 0:
         parser.error("--hz and --seconds must be positive, --alloc-mb >= 0")
 
-    try:
-        provider = NvmlProvider()
-    except NoGpu as exc:
-        print(f"gpu_check: no GPU: {exc}", file=sys.stderr)
-        return 2
+    args.no_gpu = None
+    provider: Any
+    if args.simulated:
+        provider = simulated_provider()
+        args.no_gpu = "--simulated"
+    else:
+        try:
+            from serving.telemetry.providers.nvml import NvmlProvider
+
+            provider = NvmlProvider()
+        except (NoGpu, ImportError) as exc:
+            if not args.quick:
+                print(f"gpu_check: no GPU: {exc}", file=sys.stderr)
+                return 2
+            print(f"gpu_check: no GPU ({exc}): SIMULATED provider, not real hardware")
+            provider = simulated_provider()
+            args.no_gpu = str(exc)
 
     try:
         return run(provider, args)
@@ -212,10 +232,20 @@ def main(argv: list[str] | None = None) -> int:
         provider.close()
 
 
-def run(provider: NvmlProvider, args: argparse.Namespace) -> int:
-    driver = provider.driver_version()
+def simulated_provider() -> Any:
+    from serving.telemetry.providers.simulated import SimulatedProvider
+
+    provider = SimulatedProvider(devices=2, seed=3)
+    provider.attach(os.getpid(), 0, 512 * MB)  # a process on the first device, as a replica
+    return provider
+
+
+def run(provider: Any, args: argparse.Namespace) -> int:
+    simulated = args.no_gpu is not None
+    driver = "simulated" if simulated else provider.driver_version()
     first = provider.devices()
-    print(f"NVML driver {driver}, {len(first)} GPU(s):")
+    label = "SIMULATED provider (no real GPU)" if simulated else f"NVML driver {driver}"
+    print(f"{label}, {len(first)} GPU(s):")
     for device in first:
         print(
             f"  [{device.index}] {device.name}  {device.uuid}  "
@@ -293,12 +323,19 @@ def run(provider: NvmlProvider, args: argparse.Namespace) -> int:
         print(f"  alloc check: {alloc}")
 
     ok = not violations and (alloc is None or alloc.get("ok", True))
+    nvml_version = None
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        nvml_version = metadata.version("nvidia-ml-py")
     report = {
         "benchmark": "gpu_check",
+        "quick": args.quick,
+        "simulated": simulated,
+        "provider": "simulated" if simulated else "nvml",
+        "no_gpu": args.no_gpu,
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         "python": platform.python_version(),
-        "nvidia_ml_py": metadata.version("nvidia-ml-py"),
+        "nvidia_ml_py": nvml_version,
         "driver": driver,
         "seconds": args.seconds,
         "hz": args.hz,
@@ -314,9 +351,9 @@ def run(provider: NvmlProvider, args: argparse.Namespace) -> int:
         "alloc": alloc,
         "ok": ok,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\n  {'OK' if ok else 'CHECK FAILED'}\nwrote {args.output}")
+    verdict = "OK" if ok else "CHECK FAILED"
+    print(f"\n  {verdict}{' (SIMULATED provider: not real hardware)' if simulated else ''}")
+    write_results("gpu_check", report, args.output)
     return 0 if ok else 1
 
 

@@ -17,7 +17,7 @@ machinery (``test_<name>_health`` of DATABASE_URL), its own Redis key prefix
 (``portal-bench-health:*``, cleared before and after); it never touches real data. Run from
 the repository root::
 
-    .venv/bin/python bench/health_tick.py [--sizes 100,1000] [--ticks 8] [--profile 3]
+    python -m bench health_tick [--quick] [--sizes 100,1000] [--ticks 8] [--profile 3]
 
 Results go to stdout and to bench/results/health_tick.json.
 """
@@ -31,9 +31,7 @@ import gc
 import json
 import logging
 import os
-import platform
 import pstats
-import signal
 import statistics
 import subprocess
 import sys
@@ -49,83 +47,55 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-BENCH_PREFIX = "portal-bench-health"
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/portal_bench")
-os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
-# Own key prefixes (forced, not defaults): the run clears them, so they must be its own.
-os.environ["SLI_KEY_PREFIX"] = BENCH_PREFIX
-os.environ["CACHE_KEY_PREFIX"] = BENCH_PREFIX
-os.environ["CHANNEL_PREFIX"] = f"{BENCH_PREFIX}:asgi"
-os.environ["RATE_LIMIT_KEY_PREFIX"] = f"{BENCH_PREFIX}:rl"
+from bench.harness import env  # noqa: E402
 
-import django  # noqa: E402
+# Own settings, Redis db (12 unless REDIS_URL is set) and key prefix portal-bench-health-tick
+# (SLI snapshots, health state, cache, buckets): the run clears it.
+BENCH_PREFIX = env.setup("health_tick", redis_db=12)
 
-django.setup()
-
-import psycopg  # noqa: E402
 import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import DatabaseError, connection  # noqa: E402
-from django.test import override_settings  # noqa: E402
-from django.test.utils import (  # noqa: E402
-    CaptureQueriesContext,
-    setup_test_environment,
-    teardown_test_environment,
-)
+from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
-from psycopg import sql  # noqa: E402
 
-from serving import health  # noqa: E402
+from bench.harness import BenchSession  # noqa: E402
+from bench.harness.processes import die_with_parent  # noqa: E402
+from bench.harness.profiling import top  # noqa: E402
+from bench.harness.redis import clear_prefix  # noqa: E402
+from bench.harness.report import environment, print_table, results_path, write_results  # noqa: E402
+from bench.harness.stats import ratio  # noqa: E402
 from serving.dataplane.sli import SliRecorder, SliWindow, publish, sli_key  # noqa: E402
-from serving.deployment_models import (  # noqa: E402
+from serving.deployments.models import (  # noqa: E402
     Deployment,
     DeploymentRevision,
     DeploymentStatus,
 )
-from serving.models import ArtifactSource, Model, ModelVersion, VersionStatus  # noqa: E402
-from serving.ops_models import Resolution, SlaContract, SliSample  # noqa: E402
-from serving.sli_store import (  # noqa: E402
+from serving.ops import health  # noqa: E402
+from serving.ops.models import Resolution, SlaContract, SliSample  # noqa: E402
+from serving.ops.sli_store import (  # noqa: E402
     as_datetime,
     counts_of_totals,
     lookup_before,
     sample_row,
 )
+from serving.registry.models import (  # noqa: E402
+    ArtifactSource,
+    Model,
+    ModelVersion,
+    VersionStatus,
+)
 from serving.slo.evaluate import Counts, evaluate  # noqa: E402
 from serving.slo.parse import parse_contract  # noqa: E402
 from tenants import services  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
+from tests.support.contracts import REALISTIC as CONTRACT_YAML  # noqa: E402
 
 TARGET_MS_PER_DEPLOYMENT = 2.0
-RESULTS_PATH = REPO_ROOT / "bench" / "results" / "health_tick.json"
+RESULTS_PATH = results_path("health_tick")
 TICK_S = 2.0  # the deployments' health_interval_s, and how far `now` moves per tick
 REPLICAS = {"stable": 2, "canary": 1}  # replicas publishing per slot
 REQUESTS_PER_PUBLISH = {"stable": 15, "canary": 5}  # per replica, between two ticks
-CONTRACT_YAML = """\
-apiVersion: aiops.portal/v1
-kind: SlaContract
-metadata:
-  name: bench-sla
-  description: a realistic contract (30d budget, default burn-rate alerts)
-spec:
-  window: 30d
-  objectives:
-    - name: availability
-      sli: availability
-      target: 0.999
-    - name: p95
-      sli: latency_p95
-      threshold_ms: 500
-      target: 0.95
-  fast:
-    - name: error-spike
-      sli: error_rate
-      above: 0.1
-      for: 15s
-      min_requests: 10
-      action: rollback
-      severity: page
-"""
 KV = {"num_blocks": 256, "free_blocks": 190, "fragmentation": 0.04}
 SAMPLE_KV = {
     "blocks_total": 512,
@@ -137,94 +107,10 @@ SAMPLE_KV = {
     "replica_restarts": 0,
 }
 
-# The stand-in for the Serve proxy: 200 and a small completion for POST .../v1/completions,
-# HTTP/1.1 keep-alive, in its own process (so it does not share the tick's GIL).
-PROBE_SERVER = r"""
-import asyncio
-import os
-import sys
-import threading
-
-BODY = (b'{"id":"cmpl-probe","object":"text_completion","model":"bench","choices":'
-        b'[{"index":0,"text":"ok","finish_reason":"length"}],'
-        b'"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}')
-MISSING = b'{"detail":"not found"}'
-
-
-async def handle(reader, writer):
-    try:
-        while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            method, target = lines[0].split(" ")[:2]
-            length = 0
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value.strip())
-            if length:
-                await reader.readexactly(length)
-            ok = method == "POST" and target.endswith("/v1/completions")
-            body = BODY if ok else MISSING
-            status = b"200 OK" if ok else b"404 Not Found"
-            writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
-                         b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-            await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError):
-        pass
-    finally:
-        writer.close()
-
-
-def exit_with_parent():
-    sys.stdin.read()  # EOF: the benchmark has gone, whatever killed it
-    os._exit(0)
-
-
-async def main():
-    threading.Thread(target=exit_with_parent, daemon=True).start()
-    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
-    print(server.sockets[0].getsockname()[1], flush=True)
-    async with server:
-        await server.serve_forever()
-
-
-try:
-    asyncio.run(main())
-except KeyboardInterrupt:
-    pass
-"""
-
-
-# --- isolated database and Redis ---------------------------------------------------------
-
-
-def ensure_base_database() -> None:
-    """Create the base database of DATABASE_URL if missing (the test DB is derived from it)."""
-    db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.postgresql":
-        raise SystemExit(f"This benchmark needs PostgreSQL; DATABASE_URL gives {db['ENGINE']}.")
-    params = {
-        "host": db.get("HOST") or None,
-        "port": db.get("PORT") or None,
-        "user": db.get("USER") or None,
-        "password": db.get("PASSWORD") or None,
-        "dbname": "postgres",
-    }
-    with psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True) as conn:
-        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db["NAME"]])
-        if found.fetchone() is None:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db["NAME"])))
-            print(f"created base database {db['NAME']}")
-
 
 def clear_bench_redis() -> None:
     """Delete every key of this run's prefix (SLI snapshots, health state, cache, buckets)."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    keys = list(client.scan_iter(f"{BENCH_PREFIX}:*", count=1000))
-    for start in range(0, len(keys), 1000):
-        client.delete(*keys[start : start + 1000])
-    client.close()
+    clear_prefix(settings.REDIS_URL, f"{BENCH_PREFIX}:*")
 
 
 class CountingConnection(redis.Connection):
@@ -797,10 +683,11 @@ def summarise(samples: list[Sample], n: int) -> dict[str, Any]:
 
 def start_probe_server() -> tuple[subprocess.Popen[str], str]:
     process = subprocess.Popen(  # noqa: S603 (this interpreter, a fixed script)
-        [sys.executable, "-c", PROBE_SERVER],
+        [sys.executable, str(REPO_ROOT / "bench" / "helpers" / "probe_server.py")],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=die_with_parent,  # noqa: PLW1509 (prctl only)
     )
     assert process.stdout is not None
     port = int(process.stdout.readline().strip())
@@ -923,9 +810,9 @@ def run_size(
         "profile": profile,
     }
     tick_p50, naive_p50 = result["tick"]["p50_ms"], result["naive"]["p50_ms"]
-    result["ratio_tick_to_naive"] = round(tick_p50 / naive_p50, 3)
-    result["ratio_tick_to_naive_cpu"] = round(
-        result["tick"]["p50_cpu_ms"] / result["naive"]["p50_cpu_ms"], 3
+    result["ratio_tick_to_naive"] = ratio(tick_p50, naive_p50)
+    result["ratio_tick_to_naive_cpu"] = ratio(
+        result["tick"]["p50_cpu_ms"], result["naive"]["p50_cpu_ms"]
     )
     result["probe_cost_ms_per_deployment"] = round(
         (result["tick_with_probes"]["p50_ms"] - tick_p50) / n, 4
@@ -1017,24 +904,14 @@ def profile_ticks(
             f"  {row['calls_per_tick']:>8} calls"
         )
     for sort in ("tottime", "cumulative"):
-        stream = _Stream()
-        pstats.Stats(profiler, stream=stream).strip_dirs().sort_stats(sort).print_stats(25)  # type: ignore[arg-type]
-        print(f"\n  --- top 25 by {sort} ---\n{stream.text}")
+        print(f"\n  --- top 25 by {sort} ---\n{top(profiler, sort)}")
     return {"file": str(out), "ticks": ticks, "breakdown": breakdown}
-
-
-class _Stream:
-    def __init__(self) -> None:
-        self.text = ""
-
-    def write(self, s: str) -> None:
-        self.text += s
 
 
 # --- report --------------------------------------------------------------------------------
 
 
-def print_table(results: list[dict[str, Any]]) -> None:
+def print_results(results: list[dict[str, Any]]) -> None:
     head = ["", *(f"N={r['deployments']}" for r in results)]
     rows: list[list[str]] = [head]
 
@@ -1086,12 +963,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
     )
     add("tick / naive (p50)", lambda r: f"{r['ratio_tick_to_naive']:.3f}x")
     add("tick / naive (worker CPU)", lambda r: f"{r['ratio_tick_to_naive_cpu']:.3f}x")
-    width = max(len(row[0]) for row in rows)
-    cols = [max(len(row[i]) for row in rows) for i in range(1, len(head))]
-    print()
-    for row in rows:
-        cells = "  ".join(f"{cell:>{w}}" for cell, w in zip(row[1:], cols, strict=True))
-        print(f"  {row[0]:<{width}}  {cells}")
+    print_table(rows)
 
 
 def spread(values: list[int]) -> str:
@@ -1099,27 +971,50 @@ def spread(values: list[int]) -> str:
     return str(low) if low == high else f"{low}-{high}"
 
 
-def environment() -> dict[str, Any]:
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW server_version")
-        pg_version = cursor.fetchone()[0]
-    info = redis.Redis.from_url(settings.REDIS_URL).info("server")
-    return {
-        "python": platform.python_version(),
-        "django": django.get_version(),
-        "redis_py": redis.__version__,
-        "postgresql": pg_version,
-        "redis": info.get("redis_version"),
-        "redis_url": settings.REDIS_URL,
-        "database": settings.DATABASES["default"]["NAME"],
-        "cpus": os.cpu_count(),
-        "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
-        "debug": settings.DEBUG,
+def report(
+    results: list[dict[str, Any]], sizes: list[int], args: argparse.Namespace, env_info: dict
+) -> None:
+    largest = results[-1]
+    ok = largest["tick"]["p50_ms_per_deployment"] <= TARGET_MS_PER_DEPLOYMENT
+    # BEGIN/COMMIT included; a tick that crosses a minute also writes minute rows, which
+    # at 1,000 deployments (3,000 rows) takes a second insert batch of 2,000.
+    constant = len({r["sql"]["tick"]["queries"] for r in results}) == 1
+    result = {
+        "benchmark": "health_tick",
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "config": {
+            "quick": args.quick,
+            "sizes": sizes,
+            "ticks": args.ticks,
+            "warmup": args.warmup,
+            "tenants": args.tenants,
+            "replicas": REPLICAS,
+            "requests_per_publish": REQUESTS_PER_PUBLISH,
+            "history": {
+                "raw_rows_every_2s": args.raw_rows,
+                "raw_rows_every_minute_before": args.raw_sparse_minutes,
+                "minute_rows_minutes": args.history_minutes,
+                "minute_step": args.minute_step,
+            },
+            "contract": CONTRACT_YAML,
+        },
+        "environment": env_info,
+        "sizes": results,
+        "target_ms_per_deployment": TARGET_MS_PER_DEPLOYMENT,
+        "target_ok": ok,
+        "queries_constant": constant,
     }
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+    print_results(results)
+    verdict = "OK" if ok else "ABOVE TARGET"
+    print(
+        f"\n  tick at {largest['deployments']} deployments: "
+        f"{largest['tick']['p50_ms_per_deployment']:.3f} ms per deployment "
+        f"(target <= {TARGET_MS_PER_DEPLOYMENT} ms: {verdict}); SQL queries per tick "
+        f"{'constant' if constant else 'GROW WITH N'}\n"
+    )
+    write_results("health_tick", result, args.output)
+    if not ok and not args.profile:
+        print("above target: rerun with --profile 3 to see where the tick spends it")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1148,93 +1043,39 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="after the timed rounds of each size, cProfile N ticks and print where time goes",
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="--sizes 20 --ticks 2 --warmup 1 --tenants 2, 20 minutes of history",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.ticks, args.warmup, args.tenants = "20", 2, 1, 2
+        args.raw_rows, args.raw_sparse_minutes, args.history_minutes = 30, 5, 20
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
 
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` cleans up like Ctrl-C
-    ensure_base_database()
     quiet_console_logging()
-    setup_test_environment(debug=False)  # DEBUG off, as in production
-    db = settings.DATABASES["default"]
-    old_name = db["NAME"]
-    # Its own test database, so it never collides with bench/api_list.py's test_<name>.
-    db.setdefault("TEST", {})["NAME"] = f"test_{old_name}_health"
-    test_name = connection.creation.create_test_db(
-        verbosity=0, autoclobber=True, keepdb=False, serialize=False
-    )
-    clear_bench_redis()
-    probe_server: subprocess.Popen[str] | None = None
     status = 0
     try:
-        with override_settings(SLI_KEY_PREFIX=BENCH_PREFIX):
+        with BenchSession("health_tick") as session:
+            test_name = session.database()
+            session.redis()
             assert health._keys()["sli"] == f"{BENCH_PREFIX}:sli"
             probe_server, serve_url = start_probe_server()
+            session.callback(probe_server.wait, 10)
+            session.callback(probe_server.terminate)
             load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
             print(f"test database {test_name}; probe stand-in on {serve_url}; load {load}")
             tenants = seed_tenants(args.tenants)
             results = [run_size(n, tenants, args, serve_url) for n in sizes]
-            env = environment()
-        largest = results[-1]
-        ok = largest["tick"]["p50_ms_per_deployment"] <= TARGET_MS_PER_DEPLOYMENT
-        # BEGIN/COMMIT included; a tick that crosses a minute also writes minute rows, which
-        # at 1,000 deployments (3,000 rows) takes a second insert batch of 2,000.
-        constant = len({r["sql"]["tick"]["queries"] for r in results}) == 1
-        result = {
-            "benchmark": "health_tick",
-            "at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "config": {
-                "sizes": sizes,
-                "ticks": args.ticks,
-                "warmup": args.warmup,
-                "tenants": args.tenants,
-                "replicas": REPLICAS,
-                "requests_per_publish": REQUESTS_PER_PUBLISH,
-                "history": {
-                    "raw_rows_every_2s": args.raw_rows,
-                    "raw_rows_every_minute_before": args.raw_sparse_minutes,
-                    "minute_rows_minutes": args.history_minutes,
-                    "minute_step": args.minute_step,
-                },
-                "contract": CONTRACT_YAML,
-            },
-            "environment": env,
-            "sizes": results,
-            "target_ms_per_deployment": TARGET_MS_PER_DEPLOYMENT,
-            "target_ok": ok,
-            "queries_constant": constant,
-        }
-        print_table(results)
-        verdict = "OK" if ok else "ABOVE TARGET"
-        print(
-            f"\n  tick at {largest['deployments']} deployments: "
-            f"{largest['tick']['p50_ms_per_deployment']:.3f} ms per deployment "
-            f"(target <= {TARGET_MS_PER_DEPLOYMENT} ms: {verdict}); SQL queries per tick "
-            f"{'constant' if constant else 'GROW WITH N'}\n"
-        )
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.output}")
-        if not ok and not args.profile:
-            print("above target: rerun with --profile 3 to see where the tick spends it")
+            env_info = environment(
+                "django", "redis", "psycopg", database=True, redis_url=settings.REDIS_URL
+            )
+            report(results, sizes, args, env_info)
     except KeyboardInterrupt:
-        print("\ninterrupted: dropping the test database", file=sys.stderr)
+        print("\ninterrupted: dropped the test database", file=sys.stderr)
         status = 130
-    finally:
-        # The cleanup runs to the end, whatever arrives meanwhile.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        try:
-            if probe_server is not None:
-                probe_server.terminate()
-                probe_server.wait(timeout=10)
-            clear_bench_redis()
-            connection.close()
-            connection.creation.destroy_test_db(old_name, verbosity=0, keepdb=False)
-            teardown_test_environment()
-        finally:
-            signal.signal(signal.SIGINT, previous)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return status
 
 

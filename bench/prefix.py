@@ -8,7 +8,7 @@ one request alone on the engine, timed from `add_request` to its first token:
 * salted vs unsalted: the warm and cold runs with the per-tenant salt (the default) and
   without, interleaved; the salt costs one HMAC per request.
 
-    .venv/bin/python bench/prefix.py [--model tiny|small] [--samples 60]
+    python -m bench prefix [--quick] [--model tiny|small] [--samples 60]
 
 Writes bench/results/prefix-<model>.json.
 """
@@ -16,8 +16,6 @@ Writes bench/results/prefix-<model>.json.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import tempfile
 import time
@@ -29,13 +27,14 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench.engine import MODELS  # noqa: E402
+from bench.harness.report import results_path, write_results  # noqa: E402
+from bench.harness.stats import median, ratio  # noqa: E402
 from serving.engine.checkpoint import load_tensors  # noqa: E402
 from serving.engine.config import read_config  # noqa: E402
 from serving.engine.engine import Engine, SamplingParams, tenant_cache_salt  # noqa: E402
 from serving.engine.model import LlamaModel  # noqa: E402
 from serving.engine.testing import write_tiny_checkpoint  # noqa: E402
 
-RESULTS_DIR = REPO_ROOT / "bench" / "results"
 PREFIX, SUFFIX = 512, 16
 FIRST = SamplingParams(max_tokens=1, ignore_eos=True)
 
@@ -52,9 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
     parser.add_argument("--samples", type=int, default=60)
+    parser.add_argument("--quick", action="store_true", help="--samples 8, fewer HMACs")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
-    output = args.output or RESULTS_DIR / f"prefix-{args.model}.json"
+    if args.quick:
+        args.samples = 8
+    output = args.output or results_path(f"prefix-{args.model}")
 
     with tempfile.TemporaryDirectory() as tmp:
         directory = write_tiny_checkpoint(Path(tmp) / "m", seed=0, **MODELS[args.model])
@@ -84,20 +86,20 @@ def main(argv: list[str] | None = None) -> int:
                 samples["warm" + suffix].append(warm_t)
                 hits["cold" + suffix].add(cold_hit)
                 hits["warm" + suffix].add(warm_hit)
-    median = {k: statistics.median(v) for k, v in samples.items()}
+    medians = {k: float(median(v)) for k, v in samples.items()}
     if hits["warm"] != {PREFIX} or hits["cold"] != {0}:
         raise SystemExit(f"unexpected prefix hits: {hits}")
 
     # The salt itself, measured directly: the HMAC each request pays.
-    n = 20000
+    n = 2000 if args.quick else 20000
     started = time.perf_counter()
     for i in range(n):
         tenant_cache_salt(b"bench-secret", f"tenant-{i % 50}")
     salt_s = (time.perf_counter() - started) / n
 
-    speedup = median["cold"] / median["warm"]
-    salt_ab = (median["warm"] - median["warm_unsalted"]) / median["warm_unsalted"]
-    salt_direct = salt_s / median["warm"]
+    speedup = medians["cold"] / medians["warm"]
+    salt_ab = (medians["warm"] - medians["warm_unsalted"]) / medians["warm_unsalted"]
+    salt_direct = salt_s / medians["warm"]
     result = {
         "benchmark": "prefix",
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -105,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         "prefix_tokens": PREFIX,
         "suffix_tokens": SUFFIX,
         "samples": args.samples,
-        "median_ttft_ms": {k: round(v * 1000, 3) for k, v in median.items()},
-        "warm_vs_cold_speedup": round(speedup, 2),
+        "quick": args.quick,
+        "median_ttft_ms": {k: round(v * 1000, 3) for k, v in medians.items()},
+        "warm_vs_cold_speedup": ratio(medians["cold"], medians["warm"], 2),
         "salt_cost_ab": round(salt_ab, 4),
         "salt_cost_direct": round(salt_direct, 5),
         "targets": {"speedup": 3.0, "salt_cost": 0.01},
@@ -118,9 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n  cached prefix speed-up: {speedup:.2f}x (target >= 3x)")
     print(f"  salt cost, HMAC per request / warm TTFT: {salt_direct * 100:.3f}% (target < 1%)")
     print(f"  salt cost, salted vs unsalted warm TTFT (A/B, noisy): {salt_ab * 100:+.2f}%\n")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {output}")
+    write_results("prefix", result, output)
     return 0
 
 

@@ -13,9 +13,11 @@ script (127.0.0.1 only), through the same Serve HTTP proxy:
 Requests alternate bare/routed/canary, sequentially, over keep-alive connections. The target
 (<= 1 ms added at p50) is for the stable path; the canary hop is reported beside it.
 
-    .venv/bin/python bench/router.py [--requests 1000]
+    python -m bench router [--quick] [--requests 1000] [--json PATH]
 
-Writes bench/results/router.json.
+The cluster is the portal's own local head (serving.control.cluster: 127.0.0.1 only, token
+auth, ports of its own, stopped by PID); the applications go in through Serve's REST API, as
+the portal's reconcile puts them. Writes bench/results/router.json.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -35,13 +36,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+# Ray's replicas import this module too: only Django-free imports at module level.
 from ray import serve  # noqa: E402
 from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse  # noqa: E402
 
 from serving.dataplane import openai  # noqa: E402
+from serving.dataplane.faults import FaultInjector  # noqa: E402
 
-RESULTS = REPO_ROOT / "bench" / "results" / "router.json"
 TARGET_P50_MS = 1.0
 KEY = "ik_bench"
 
@@ -59,10 +61,16 @@ class BareEcho:
 
 
 class EchoCore:
-    """The version-server interface the router calls, answering with the echo handler."""
+    """The version-server interface the router calls, answering with the echo handler. It
+    carries what the router uses of the in-process slot besides the calls: Serve's health
+    check (`check_health`) and the chaos state (`chaos`, for the KV probe's keys)."""
 
     def __init__(self, **args: Any) -> None:
         self.args = args
+        self.chaos = FaultInjector(f"echo-{os.getpid()}", started_at=time.time())
+
+    def check_health(self) -> None:
+        self.chaos.check_health()
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         self.config = config
@@ -159,97 +167,81 @@ def router_logic_us(n: int = 20000) -> float:
     return (time.perf_counter() - started) / n * 1e6
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def measure(base: str, requests: int, warmup: int) -> dict[str, list[float]]:
+    """Alternate bare / stable / canary requests; the latencies (ms) after `warmup` rounds."""
+    import httpx
+
+    body = {"prompt": "echo me", "max_tokens": 1, "temperature": 0}
+    headers = {"authorization": f"Bearer {KEY}"}
+    canary_headers = {**headers, "x-ab-group": "canary"}
+    routed_url = "/bench/echo/v1/completions"
+    times: dict[str, list[float]] = {"bare": [], "stable": [], "canary": []}
+    with httpx.Client(base_url=base, timeout=30, trust_env=False) as client:
+        for i in range(requests + warmup):
+            for url, sent, group in (
+                ("/bare", headers, None),
+                (routed_url, headers, "stable"),
+                (routed_url, canary_headers, "canary"),
+            ):
+                started = time.perf_counter()
+                response = client.post(url, json=body, headers=sent)
+                elapsed = (time.perf_counter() - started) * 1000
+                if response.status_code != 200 or "echo me" not in response.text:
+                    raise SystemExit(f"{url}: {response.status_code} {response.text}")
+                if group and response.headers.get("x-ab-group") != group:
+                    raise SystemExit(f"{url}: answered by {response.headers}, not {group}")
+                if i >= warmup:
+                    times[group or "bare"].append(elapsed)
+    return times
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--port", type=int, default=8123)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--quick", action="store_true", help="--requests 40 --warmup 5")
     parser.add_argument(
         "--separate-loops",
         action="store_true",
         help="Serve's defaults (user code and handle router on their own loops) for both apps",
     )
+    parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.warmup = 40, 5
 
-    import httpx
-    import ray
-    from ray.serve.context import _get_global_client
-    from ray.serve.schema import ServeDeploySchema
+    from bench.harness import BenchSession
+    from bench.harness.report import write_results
+    from bench.harness.stats import p50_p99
+    from serving.control.compile import SAME_LOOP_ENV
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray.init(
-        num_cpus=2,
-        _node_ip_address="127.0.0.1",
-        include_dashboard=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT)}},
-    )
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-        from serving.control.compile import SAME_LOOP_ENV
-
-        compiled = config(args.port)
+    with BenchSession("router") as session:
+        _, target = session.ray_head(session.workdir())
+        compiled = config(target.serve_http_options["port"])
         # Both sides run as the portal configures its apps (or both with Serve's defaults).
         loops = {} if args.separate_loops else SAME_LOOP_ENV
         for app in compiled["applications"]:
             app["runtime_env"] = {"env_vars": {**loops, "PYTHONPATH": str(REPO_ROOT)}}
-        _get_global_client().deploy_apps(ServeDeploySchema.model_validate(compiled))
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            apps = serve.status().applications
-            if len(apps) == 3 and all(a.status == "RUNNING" for a in apps.values()):
-                break
-            time.sleep(0.5)
-        else:
-            raise SystemExit(f"applications not running: {serve.status().applications}")
-        base = f"http://127.0.0.1:{args.port}"
-        body = {"prompt": "echo me", "max_tokens": 1, "temperature": 0}
-        headers = {"authorization": f"Bearer {KEY}"}
-        canary_headers = {**headers, "x-ab-group": "canary"}
-        routed_url = "/bench/echo/v1/completions"
-        bare_t: list[float] = []
-        routed_t: list[float] = []
-        canary_t: list[float] = []
-        with httpx.Client(base_url=base, timeout=30, trust_env=False) as client:
-            for i in range(args.requests + 50):
-                for url, sent, group, out in (
-                    ("/bare", headers, None, bare_t),
-                    (routed_url, headers, "stable", routed_t),
-                    (routed_url, canary_headers, "canary", canary_t),
-                ):
-                    started = time.perf_counter()
-                    response = client.post(url, json=body, headers=sent)
-                    elapsed = (time.perf_counter() - started) * 1000
-                    if response.status_code != 200 or "echo me" not in response.text:
-                        raise SystemExit(f"{url}: {response.status_code} {response.text}")
-                    if group and response.headers.get("x-ab-group") != group:
-                        raise SystemExit(f"{url}: answered by {response.headers}, not {group}")
-                    if i >= 50:
-                        out.append(elapsed)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+        compiled["http_options"] = dict(target.serve_http_options)
+        client = target.serve_client(timeout=30)
+        client.put(compiled)
+        names = [app["name"] for app in compiled["applications"]]
+        client.wait_until(names, timeout=180)
+        print(f"applications running: {', '.join(names)}", flush=True)
+        times = measure(target.serve_url, args.requests, args.warmup)
     result = {
         "benchmark": "router",
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "requests": args.requests,
         "separate_loops": args.separate_loops,
-        "bare_ms": {"p50": round(statistics.median(bare_t), 3), "p99": round(pct(bare_t, 0.99), 3)},
-        "routed_ms": {
-            "p50": round(statistics.median(routed_t), 3),
-            "p99": round(pct(routed_t, 0.99), 3),
-        },
-        "canary_ms": {
-            "p50": round(statistics.median(canary_t), 3),
-            "p99": round(pct(canary_t, 0.99), 3),
-        },
+        "quick": args.quick,
+        "bare_ms": p50_p99(times["bare"]),
+        "routed_ms": p50_p99(times["stable"]),
+        "canary_ms": p50_p99(times["canary"]),
     }
     for name, key in (("added_ms", "routed_ms"), ("canary_added_ms", "canary_ms")):
         result[name] = {q: round(result[key][q] - result["bare_ms"][q], 3) for q in ("p50", "p99")}
-    result["router_logic_us"] = round(router_logic_us(), 1)
+    result["router_logic_us"] = round(router_logic_us(2000 if args.quick else 20000), 1)
     result["target_added_p50_ms"] = TARGET_P50_MS
     result["ok"] = result["added_ms"]["p50"] <= TARGET_P50_MS
     print()
@@ -266,9 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     print("  stable runs in the router's replica; the canary pays Serve's extra handle hop")
     verdict = "OK" if result["ok"] else "ABOVE TARGET"
     print(f"  target: added p50 <= {TARGET_P50_MS} ms: {verdict}\n")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    write_results("router", result, args.output)
     return 0
 
 

@@ -23,15 +23,15 @@ cannot connect).
 
 The run uses its own PostgreSQL database (``test_<name>_ws`` of DATABASE_URL, created and
 dropped through Django's test-database machinery, also on Ctrl-C or `kill`), Redis db 13 and
-its own key prefixes (``portal-bench-ws:*``, cleared before and after). From the repository
+its own key prefixes (``portal-bench-ws-fanout:*``, cleared before and after). From the repository
 root::
 
-    .venv/bin/python bench/ws_fanout.py [--clients 1,100,500] [--seconds 20]
-                                        [--layers core,pubsub] [--profile]
+    python -m bench ws_fanout [--quick] [--clients 1,100,500] [--seconds 20]
+                              [--layers core,pubsub] [--profile] [--json PATH]
     # on a shared host: run ahead of other jobs, repeat runs they disturbed
-    .venv/bin/python bench/ws_fanout.py --nice -10 --wait-idle 120 --retries 2
+    python -m bench ws_fanout --nice -10 --wait-idle 120 --retries 2
     # the server's garbage collections over 1 ms, per window (see GC_TRACE)
-    .venv/bin/python bench/ws_fanout.py --gc-trace --output ...
+    python -m bench ws_fanout --gc-trace --output ...
 
 Results go to stdout and to bench/results/ws_fanout.json (--output); the servers' logs to
 bench/results/ws_fanout.server-<layer>-<clients>.log; with --profile, py-spy's collapsed stacks
@@ -43,14 +43,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import json
-import math
 import os
-import platform
 import resource
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -60,12 +55,23 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO_ROOT / "bench" / "results"
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+# The client worker (`--client-worker`) runs this file too: harness imports stay Django-free.
+from bench.harness import env  # noqa: E402
+from bench.harness.processes import die_with_parent, free_port  # noqa: E402
+from bench.harness.processes import stop_process as _stop  # noqa: E402
+from bench.harness.redis import clear_prefix  # noqa: E402
+from bench.harness.report import environment as _environment  # noqa: E402
+from bench.harness.report import print_table as _print_rows  # noqa: E402
+from bench.harness.stats import percentile  # noqa: E402
+
+RESULTS_DIR = env.RESULTS_DIR
 RESULTS_PATH = RESULTS_DIR / "ws_fanout.json"
-BENCH_PREFIX = "portal-bench-ws"
+BENCH_PREFIX = env.prefix_of("ws_fanout")
 NODE = "bench-node"
 HZ = 5.0
 DEVICES = 4
@@ -76,7 +82,6 @@ LAYERS = {
     "core": "channels_redis.core.RedisChannelLayer",
     "pubsub": "channels_redis.pubsub.RedisPubSubChannelLayer",
 }
-PR_SET_PDEATHSIG = 1
 
 # --gc-trace: the same entry point started through `python -c`, with a gc callback that notes
 # every garbage collection longer than 1 ms ("GCPAUSE <unix time> <gen> <ms>" on stderr).
@@ -136,12 +141,6 @@ class SetupError(Exception):
     """The bench could not set up a run (nothing was measured)."""
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile; `values` must not be empty."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
 def raise_fd_limit(needed: int) -> int:
     """Soft RLIMIT_NOFILE up to `needed` (capped by the hard limit); returns the soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -150,13 +149,6 @@ def raise_fd_limit(needed: int) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         soft = target
     return soft
-
-
-def die_with_parent() -> None:
-    """preexec_fn of every child: SIGTERM when the bench goes, even on SIGKILL (Linux). The
-    children inherit the bench's priority (--nice)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def proc_cpu_s(pid: int) -> float | None:
@@ -297,16 +289,10 @@ def run_client_worker() -> int:
 def configure_environment() -> None:
     """The portal's own settings (not tests.settings, which fixes SLI_KEY_PREFIX) on the
     bench's database and Redis db, with forced key prefixes: the run clears them."""
-    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
-    os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/portal_bench")
-    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/13")
+    env.isolate("ws_fanout", redis_db=13, settings="portal.settings")
     os.environ["PORTAL_ENV"] = "development"
     os.environ["DEBUG"] = "0"  # as in production
     os.environ["ALLOWED_HOSTS"] = "127.0.0.1,localhost"
-    os.environ["SLI_KEY_PREFIX"] = BENCH_PREFIX
-    os.environ["CACHE_KEY_PREFIX"] = BENCH_PREFIX
-    os.environ["CHANNEL_PREFIX"] = f"{BENCH_PREFIX}:asgi"
-    os.environ["RATE_LIMIT_KEY_PREFIX"] = f"{BENCH_PREFIX}:rl"
     os.environ["RECONCILE_ON_COMMIT"] = "0"  # no Ray here: creating the deployment stays in PG
     os.environ["CELERY_TASK_ALWAYS_EAGER"] = "1"  # the invitation's e-mail: locmem, in process
     os.environ["LOG_LEVEL"] = "WARNING"
@@ -317,34 +303,7 @@ def channel_prefix(layer: str) -> str:
 
 
 def clear_bench_redis(url: str) -> int:
-    import redis
-
-    client = redis.Redis.from_url(url)
-    try:
-        keys = list(client.scan_iter(f"{BENCH_PREFIX}:*", count=1000))
-        for start in range(0, len(keys), 1000):
-            client.delete(*keys[start : start + 1000])
-        return len(keys)
-    finally:
-        client.close()
-
-
-def terminate_backends(db: dict[str, Any], name: str) -> None:
-    """Close what is left connected to the test database (a killed server's backends), so
-    that DROP DATABASE does not wait on them."""
-    import psycopg
-
-    params = {"host": db.get("HOST"), "port": db.get("PORT"), "user": db.get("USER"),
-              "password": db.get("PASSWORD"), "dbname": "postgres"}  # fmt: skip
-    with (
-        contextlib.suppress(psycopg.Error),
-        psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True) as conn,
-    ):
-        conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = %s AND pid <> pg_backend_pid()",
-            [name],
-        )
+    return clear_prefix(url, f"{BENCH_PREFIX}:*")
 
 
 @dataclass
@@ -364,10 +323,10 @@ def seed(database_url: str) -> World:
     from django.test import Client
     from django.utils import timezone
 
-    from serving import deployments
-    from serving import services as serving_services
-    from serving.deployment_models import Deployment, DeploymentStatus
-    from serving.models import ArtifactSource, ModelVersion, VersionStatus
+    from serving.deployments import services as deployments
+    from serving.deployments.models import Deployment, DeploymentStatus
+    from serving.registry import services as serving_services
+    from serving.registry.models import ArtifactSource, ModelVersion, VersionStatus
     from tenants import services
     from tenants.actors import Actor
     from tenants.models import Role
@@ -419,12 +378,6 @@ def seed(database_url: str) -> World:
 CHILDREN: dict[int, subprocess.Popen[Any]] = {}  # pid -> process, for the last-resort cleanup
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_server(
     layer: str, port: int, world: World, log: Any, entry: list[str]
 ) -> subprocess.Popen[Any]:
@@ -468,13 +421,7 @@ async def wait_listening(process: subprocess.Popen[Any], port: int, timeout: flo
 
 
 def stop_process(process: subprocess.Popen[Any], timeout: float = 15) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
+    _stop(process, timeout)
     CHILDREN.pop(process.pid, None)
 
 
@@ -595,8 +542,8 @@ async def wait_idle(limit_s: float, below: float = 0.3, probe_s: float = 3.0) ->
 async def run_one(layer: str, n: int, world: World, args: argparse.Namespace) -> dict[str, Any]:
     from django.conf import settings
 
-    from serving.gpu_agent import AgentConfig, GpuAgent, tenant_group
-    from serving.telemetry.simulated import SimulatedProvider
+    from serving.telemetry.agent import AgentConfig, GpuAgent, tenant_group
+    from serving.telemetry.providers.simulated import SimulatedProvider
 
     print(f"\n[{layer}, {n} client{'s' if n > 1 else ''}]", flush=True)
     busy_before = await wait_idle(args.wait_idle)
@@ -764,7 +711,7 @@ BUCKETS = [  # (label, substring of a frame); asyncio's own frames count for the
     ("redis-py", "redis/"),
     ("Django (LazyObject: the session per send)", "django/"),
     ("channels (dispatch, session middleware)", "channels/"),
-    ("serving.consumers", "serving/consumers"),
+    ("serving.telemetry.consumers", "serving/consumers"),
 ]
 
 
@@ -916,13 +863,7 @@ def print_run(r: dict[str, Any]) -> None:
 
 
 def print_table(runs: list[dict[str, Any]]) -> None:
-    header = (
-        f"{'layer':<7} {'clients':>7} {'samples':>7} {'received':>9} {'p50 ms':>8} "
-        f"{'p99 ms':>8} {'max ms':>8} {'drops':>6} {'dups':>5} {'p99/1':>6} "
-        f"{'server':>7} {'clients':>8} {'redis':>6} {'others':>7}"
-    )
-    print("\n" + header)
-    print("-" * len(header))
+    rows = []
     for r in runs:
         lat, cpu = r["latency_ms"], r.get("cpu", {})
         ratio = r.get("p99_vs_baseline")
@@ -930,14 +871,17 @@ def print_table(runs: list[dict[str, Any]]) -> None:
         def core(name: str, cpu: dict[str, Any] = cpu) -> str:
             return f"{cpu[name]:.2f}" if name in cpu else "-"
 
-        print(
-            f"{r['layer']:<7} {r['clients']:>7} {r['published']:>7} "
-            f"{r['received_messages']:>9} {lat['p50']:>8} {lat['p99']:>8} {lat['max']:>8} "
-            f"{r['drops']:>6} {r['duplicates']:>5} "
-            f"{(f'{ratio:.2f}x' if ratio is not None else '-'):>6} "
-            f"{core('server'):>7} {core('clients'):>8} {core('redis'):>6} {core('others'):>7}"
-            + ("  noisy" if r.get("noisy") else "")
-        )
+        rows.append((
+            r["layer"], r["clients"], r["published"], r["received_messages"], lat["p50"],
+            lat["p99"], lat["max"], r["drops"], r["duplicates"],
+            f"{ratio:.2f}x" if ratio is not None else "-", core("server"), core("clients"),
+            core("redis"), core("others"), "noisy" if r.get("noisy") else "",
+        ))  # fmt: skip
+    _print_rows(
+        rows,
+        header=("layer", "clients", "samples", "received", "p50 ms", "p99 ms", "max ms",
+                "drops", "dups", "p99/1", "server", "clients", "redis", "others", ""),
+    )  # fmt: skip
     print(
         "(CPU: cores used over the window, `others`: the rest of the machine, other jobs; "
         "p99/1: p99 over the same layer's 1-client p99)"
@@ -945,29 +889,14 @@ def print_table(runs: list[dict[str, Any]]) -> None:
 
 
 def environment() -> dict[str, Any]:
-    from importlib import metadata
-
-    import redis
     from django.conf import settings
 
-    versions = {}
-    for package in ("django", "channels", "channels-redis", "uvicorn", "websockets", "redis"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            versions[package] = metadata.version(package)
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    try:
-        redis_version = client.info("server").get("redis_version")
-    finally:
-        client.close()
-    return {
-        "python": platform.python_version(),
-        "packages": versions,
-        "redis": redis_version,
-        "redis_url": settings.REDIS_URL,
-        "database": settings.DATABASES["default"]["NAME"],
-        "cpus": os.cpu_count(),
-        "load_average_at_end": [round(v, 2) for v in os.getloadavg()],
-    }
+    info = _environment(
+        "django", "channels", "channels-redis", "uvicorn", "websockets", "redis",
+        redis_url=settings.REDIS_URL,
+    )  # fmt: skip
+    info["database"] = settings.DATABASES["default"]["NAME"]
+    return info
 
 
 def verdict(runs: list[dict[str, Any]], layers: list[str]) -> dict[str, Any]:
@@ -995,10 +924,6 @@ def verdict(runs: list[dict[str, Any]], layers: list[str]) -> dict[str, Any]:
 
 
 # --- main -----------------------------------------------------------------------------------
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 async def run_all(world: World, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -1083,8 +1008,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="note the server's garbage collections over 1 ms in each window (see GC_TRACE)",
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="--clients 1,5 --layers pubsub --seconds 2 --settle 0.5 --grace 1 --retries 0",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.clients, args.layers, args.seconds = "1,5", "pubsub", 2.0
+        args.settle, args.grace, args.retries = 0.5, 1.0, 0
     args.clients = [int(c) for c in args.clients.split(",") if c.strip()]
     args.layers = [name.strip() for name in args.layers.split(",") if name.strip()]
     unknown = [name for name in args.layers if name not in LAYERS]
@@ -1095,20 +1028,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def stop_children() -> None:
+    """The last-resort cleanup: every child still running (server, clients, py-spy)."""
+    for process in list(CHILDREN.values()):
+        with contextlib.suppress(Exception):
+            if isinstance(process, subprocess.Popen):
+                stop_process(process, timeout=10)
+            else:
+                process.kill()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--client-worker"]:
         return run_client_worker()
     args = parse_args(argv)
     configure_environment()
-    sys.path.insert(0, str(REPO_ROOT))
     if args.nice:
         try:  # the publisher, and through inheritance the server and the clients
             os.setpriority(os.PRIO_PROCESS, 0, args.nice)
         except OSError as exc:
             print(f"--nice {args.nice}: {exc}; running at the default priority", file=sys.stderr)
             args.nice = 0
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` cleans up like Ctrl-C
     raise_fd_limit(max(args.clients) + 1024)  # inherited by the server and the clients
 
     import django
@@ -1116,93 +1057,68 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     from django.conf import settings
     from django.db import connection
-    from django.test.utils import setup_test_environment, teardown_test_environment
 
-    from bench.isolated import ensure_base_database
+    from bench.harness import BenchSession
+    from bench.harness.database import database_url
+    from bench.harness.report import write_results
 
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    ensure_base_database(settings)
-    setup_test_environment(debug=False)
-    db = settings.DATABASES["default"]
-    old_name = db["NAME"]
-    db.setdefault("TEST", {})["NAME"] = f"test_{old_name}_ws"
     status = 0
-    test_name: str | None = None
     try:
-        test_name = connection.creation.create_test_db(
-            verbosity=0, autoclobber=True, keepdb=False, serialize=False
-        )
-        database_url = urlsplit(os.environ["DATABASE_URL"])._replace(path=f"/{test_name}").geturl()
-        clear_bench_redis(settings.REDIS_URL)
-        world = seed(database_url)
-        connection.close()  # the server and the agent's thread open their own
-        print(
-            f"test database {test_name}; Redis {settings.REDIS_URL} ({BENCH_PREFIX}:*); "
-            f"tenant {world.slug} (deployment {world.deployment_id}); "
-            f"layers {', '.join(args.layers)}; clients {args.clients}; {args.seconds:g}s a run",
-            flush=True,
-        )
-        runs = asyncio.run(run_all(world, args))
-        summary = verdict(runs, args.layers)
-        print_table(runs)
-        for layer, v in summary["layers"].items():
-            state = "MET" if v["met"] else "MISSED"
+        with BenchSession("ws_fanout") as session:
+            test_name = session.database("ws")
+            session.redis()
+            session.callback(stop_children)
+            world = seed(database_url(test_name))
+            connection.close()  # the server and the agent's thread open their own
             print(
-                f"target at {summary['clients']} clients, {layer}: p99 {v['p99_ms']} ms "
-                f"(< {TARGET_P99_MS:g} ms), drops {v['drops']}: {state}"
+                f"test database {test_name}; Redis {settings.REDIS_URL} ({BENCH_PREFIX}:*); "
+                f"tenant {world.slug} (deployment {world.deployment_id}); "
+                f"layers {', '.join(args.layers)}; clients {args.clients}; "
+                f"{args.seconds:g}s a run",
+                flush=True,
             )
-        if len(summary["layers"]) > 1:
-            print(f"faster layer (p99 at {summary['clients']} clients): {summary['faster_layer']}")
-        result = {
-            "benchmark": "ws_fanout",
-            "at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "config": {
-                "clients": args.clients,
-                "layers": args.layers,
-                "seconds": args.seconds,
-                "settle_s": args.settle,
-                "grace_s": args.grace,
-                "hz": HZ,
-                "devices": DEVICES,
-                "deflate": not args.no_deflate,
-                "profiled": args.profile,
-                "gc_trace": args.gc_trace,
-                "nice": args.nice,
-            },
-            "environment": environment(),
-            "runs": runs,
-            "target": {"p99_ms_below": TARGET_P99_MS, "drops": 0, **summary},
-        }
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.output}")
+            runs = asyncio.run(run_all(world, args))
+            summary = verdict(runs, args.layers)
+            print_table(runs)
+            for layer, v in summary["layers"].items():
+                state = "MET" if v["met"] else "MISSED"
+                print(
+                    f"target at {summary['clients']} clients, {layer}: p99 {v['p99_ms']} ms "
+                    f"(< {TARGET_P99_MS:g} ms), drops {v['drops']}: {state}"
+                )
+            if len(summary["layers"]) > 1:
+                print(
+                    f"faster layer (p99 at {summary['clients']} clients): {summary['faster_layer']}"
+                )
+            result = {
+                "benchmark": "ws_fanout",
+                "at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "config": {
+                    "quick": args.quick,
+                    "clients": args.clients,
+                    "layers": args.layers,
+                    "seconds": args.seconds,
+                    "settle_s": args.settle,
+                    "grace_s": args.grace,
+                    "hz": HZ,
+                    "devices": DEVICES,
+                    "deflate": not args.no_deflate,
+                    "profiled": args.profile,
+                    "gc_trace": args.gc_trace,
+                    "nice": args.nice,
+                },
+                "environment": environment(),
+                "runs": runs,
+                "target": {"p99_ms_below": TARGET_P99_MS, "drops": 0, **summary},
+            }
+            write_results("ws_fanout", result, args.output)
     except SetupError as exc:
         print(f"setup failed: {exc}", file=sys.stderr)
         status = 2
     except KeyboardInterrupt:
-        print("\ninterrupted: cleaning up", file=sys.stderr)
+        print("\ninterrupted: cleaned up", file=sys.stderr)
         status = 130
-    finally:
-        # The cleanup runs to the end, whatever arrives meanwhile.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        try:
-            for process in list(CHILDREN.values()):
-                with contextlib.suppress(Exception):
-                    if isinstance(process, subprocess.Popen):
-                        stop_process(process, timeout=10)
-                    else:
-                        process.kill()
-            with contextlib.suppress(Exception):
-                clear_bench_redis(settings.REDIS_URL)
-            connection.close()
-            if test_name is not None:
-                terminate_backends(db, test_name)
-                connection.creation.destroy_test_db(old_name, verbosity=0, keepdb=False)
-            teardown_test_environment()
-        finally:
-            signal.signal(signal.SIGINT, previous)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return status
 
 

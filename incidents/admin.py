@@ -7,14 +7,8 @@ from django.contrib import admin
 from django.db import models
 from django.http import HttpRequest
 
-from incidents.models import (
-    CauseRule,
-    Incident,
-    IncidentEvent,
-    NotificationChannel,
-    NotificationDelivery,
-    SlaBreach,
-)
+from incidents.models import CauseRule, Incident, IncidentEvent, SlaBreach
+from incidents.notifications.models import NotificationChannel, NotificationDelivery
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]

@@ -17,40 +17,8 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from incidents.notify import group_name
-from tenants import selectors
-from tenants.models import Membership, Tenant
-from tenants.services import member_group
-
-FORBIDDEN = 4403
-
-
-def _member_tenant_id(user: Any, slug: str) -> int | None:
-    """The id of the active tenant `slug` when `user` is a member of it, else None."""
-    if user is None or not user.is_authenticated or not slug:
-        return None
-    tenant = Tenant.objects.filter(slug=slug, is_active=True).first()
-    if tenant is None:
-        return None
-    membership = selectors.membership_get(tenant=tenant, user=user)
-    return membership.tenant_id if membership is not None else None
-
-
-def _still_member(user: Any, tenant_id: int) -> bool:
-    return Membership.objects.filter(tenant_id=tenant_id, user=user).exists()
-
-
-async def join_member_group(consumer: Any, tenant_id: int) -> str | None:
-    """Join the member's own group of this tenant (removal closes the socket through it),
-    then check the membership again: a removal between the first check and the join would
-    otherwise leave the socket open. Returns the group, or None when the member is gone."""
-    user = consumer.scope["user"]
-    group = member_group(tenant_id, user.pk)
-    await consumer.channel_layer.group_add(group, consumer.channel_name)
-    if not await database_sync_to_async(_still_member)(user, tenant_id):
-        await consumer.channel_layer.group_discard(group, consumer.channel_name)
-        return None
-    return group
+from incidents.notifications.delivery import group_name
+from tenants.channels import FORBIDDEN, join_member_group, member_tenant_id
 
 
 class IncidentsConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
@@ -60,7 +28,7 @@ class IncidentsConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     async def connect(self) -> None:
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         slug = (query.get("tenant") or [""])[0]
-        tenant_id = await database_sync_to_async(_member_tenant_id)(self.scope.get("user"), slug)
+        tenant_id = await database_sync_to_async(member_tenant_id)(self.scope.get("user"), slug)
         if tenant_id is not None:
             self.member_group = await join_member_group(self, tenant_id)
         await self.accept()

@@ -7,18 +7,11 @@ from typing import Any
 
 from django.db.models import Prefetch, QuerySet
 
-from incidents.hints import Hint, rank_hints
-from incidents.models import (
-    CauseRule,
-    Incident,
-    IncidentEvent,
-    IncidentStatus,
-    NotificationChannel,
-    NotificationDelivery,
-    SlaBreach,
-)
-from incidents.signals import Signals, incident_signals
-from serving.deployment_models import Deployment
+from incidents.models import CauseRule, Incident, IncidentEvent, IncidentStatus, SlaBreach
+from incidents.notifications.models import NotificationChannel, NotificationDelivery
+from incidents.rca.evidence import Signals, incident_signals
+from incidents.rca.hints import Hint, rank_hints
+from serving.deployments.models import Deployment
 from tenants.models import Tenant
 from tenants.scoping import get_for_tenant
 
@@ -85,3 +78,13 @@ def incident_hints(*, tenant: Tenant, incident: Incident) -> tuple[Signals, list
     signals = incident_signals(tenant=tenant, incident=incident)
     rules = list(cause_rule_list(tenant=tenant, active_only=True).order_by("id"))
     return signals, rank_hints(signals, rules)
+
+
+def open_counts_by_deployment(tenant: Tenant) -> dict[int, int]:
+    """Open (triggered or acknowledged) incidents per deployment of `tenant`."""
+    counts: dict[int, int] = {}
+    for deployment_id in Incident.objects.filter(
+        tenant=tenant, status__in=[IncidentStatus.TRIGGERED, IncidentStatus.ACKNOWLEDGED]
+    ).values_list("deployment_id", flat=True):
+        counts[deployment_id] = counts.get(deployment_id, 0) + 1
+    return counts

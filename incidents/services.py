@@ -13,16 +13,6 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from incidents import notify
-from incidents.configuration import (
-    cause_rule_create,
-    cause_rule_delete,
-    cause_rule_update,
-    clean_or_fail,
-    notification_channel_create,
-    notification_channel_delete,
-    notification_channel_update,
-)
 from incidents.models import (
     SEVERITY_RANK,
     STAGES,
@@ -36,9 +26,17 @@ from incidents.models import (
     Severity,
     SlaBreach,
 )
+from incidents.notifications import delivery as notify
+from incidents.notifications.services import (
+    notification_channel_create,
+    notification_channel_delete,
+    notification_channel_update,
+)
+from incidents.rca.services import cause_rule_create, cause_rule_delete, cause_rule_update
 from portal.exceptions import ConflictError, ValidationFailed
-from serving.deployment_models import Deployment
-from serving.ops_models import Rollback, RollbackStatus
+from portal.validation import clean_or_fail
+from serving.deployments.models import Deployment
+from serving.ops.models import Rollback, RollbackStatus
 from tenants.actors import Actor
 from tenants.models import Tenant
 from tenants.services import audit_record

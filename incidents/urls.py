@@ -1,6 +1,7 @@
 from django.urls import path
 
-from incidents import drill_views, views
+from incidents import views
+from incidents.drills import views as drill_views
 
 urlpatterns = [
     path("t/<slug:slug>/drills/", drill_views.drills_page, name="drills"),

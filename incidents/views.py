@@ -16,12 +16,12 @@ from django.views.decorators.http import require_GET, require_POST
 
 from incidents import selectors, services
 from incidents.models import Incident, IncidentStatus, Severity
-from incidents.postmortem import postmortem_markdown
+from incidents.rca.postmortem import postmortem_markdown
 from portal.exceptions import PortalError
 from tenants.actors import Actor
 from tenants.models import Scope, Tenant
+from tenants.pages import can_write, tenant_page
 from tenants.scoping import get_for_tenant
-from tenants.views import tenant_page
 
 PAGE_SIZE = 50
 OPEN = "open"
@@ -46,10 +46,6 @@ class FilterForm(forms.Form):
         required=False, choices=[("", "Any status"), (OPEN, "Open"), *IncidentStatus.choices]
     )
     severity = forms.ChoiceField(required=False, choices=[("", "Any severity"), *Severity.choices])
-
-
-def _can_write(request: HttpRequest) -> bool:
-    return Scope.WRITE in request.membership.scopes  # type: ignore[attr-defined]
 
 
 def _filtered(tenant: Tenant, params: Any) -> tuple[FilterForm, QuerySet[Incident]]:
@@ -123,7 +119,7 @@ def _live_context(request: HttpRequest, incident: Incident) -> dict[str, Any]:
             for name, (status, _, label) in ACTIONS.items()
             if status in reachable
         ],
-        "can_write": _can_write(request),
+        "can_write": can_write(request),
     }
 
 

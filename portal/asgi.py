@@ -17,7 +17,7 @@ from django.conf import settings  # noqa: E402
 
 from portal.bodylimit import BodyLimitMiddleware  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
-from serving.artifacts import upload_body_limits  # noqa: E402
+from serving.registry.artifacts import upload_body_limits  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

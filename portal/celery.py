@@ -19,11 +19,22 @@ app.conf.task_queues = [
     Queue(name, Exchange(name), routing_key=name)  # type: ignore[no-untyped-call]
     for name in QUEUES
 ]
-app.autodiscover_tasks()
+# Each room keeps its tasks beside its services; Celery imports every room's `tasks` module.
+TASK_PACKAGES = (
+    "tenants",
+    "serving.registry",
+    "serving.deployments",
+    "serving.ops",
+    "serving.telemetry",
+    "incidents.notifications",
+    "incidents.drills",
+)
+app.autodiscover_tasks(list(TASK_PACKAGES))
 
 
 def task(
     *,
+    name: str,
     queue: str,
     time_limit: int = 60,
     soft_time_limit: int | None = None,
@@ -32,14 +43,20 @@ def task(
 ) -> Callable[[Callable[..., Any]], Any]:
     """Declare a Celery task with the portal's defaults.
 
-    Every task names its queue and time limits; idempotent tasks are acknowledged late and
+    Every task has an explicit, stable name (`<app>.<verb>`, never derived from its file, so
+    moving a module does not orphan queued messages, beat entries or stored drill schedules),
+    and names its queue and time limits; idempotent tasks are acknowledged late and
     re-queued if the worker dies, so a killed worker never loses their work.
     """
+    app_label, _, verb = name.partition(".")
+    if app_label not in ("tenants", "serving", "incidents") or not verb.isidentifier():
+        raise ValueError(f"task name {name!r} must read '<app>.<verb>'")
     if queue not in QUEUES:
         raise ValueError(f"unknown queue {queue!r}; declare it in portal.celery.QUEUES")
 
     def decorator(func: Callable[..., Any]) -> Any:
         return app.task(
+            name=name,
             queue=queue,
             time_limit=time_limit,
             soft_time_limit=soft_time_limit or max(1, time_limit - 5),

@@ -11,6 +11,6 @@ from incidents.routing import websocket_urlpatterns as incidents_websockets  # n
 
 websocket_urlpatterns += incidents_websockets
 
-from serving.routing import websocket_urlpatterns as serving_websockets  # noqa: E402
+from serving.telemetry.routing import websocket_urlpatterns as serving_websockets  # noqa: E402
 
 websocket_urlpatterns += serving_websockets

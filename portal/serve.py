@@ -67,7 +67,7 @@ async def serve_with_agent(host: str, port: int) -> None:
     from django.conf import settings
 
     from portal.asgi import application  # sets Django up
-    from serving.gpu_agent import AgentConfig, GpuAgent
+    from serving.telemetry.agent import AgentConfig, GpuAgent
 
     config = uvicorn.Config(
         application, host=host, port=port, lifespan="off", server_header=False,

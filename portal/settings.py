@@ -201,27 +201,31 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULE = {
     "invitations-expire": {
-        "task": "tenants.tasks.invitations_expire",
+        "task": "tenants.invitations_expire",
         "schedule": 3600.0,
     },
     "deployments-status": {
-        "task": "serving.tasks.refresh_deployment_status",
+        "task": "serving.refresh_deployment_status",
         "schedule": float(env_int("DEPLOYMENT_STATUS_INTERVAL_S", 5)),
     },
     "health-tick": {
-        "task": "serving.tasks.health_tick",
+        "task": "serving.health_tick",
         "schedule": env_float("HEALTH_TICK_S", 2.0),
     },
     "sli-prune": {
-        "task": "serving.tasks.prune_sli_samples",
+        "task": "serving.prune_sli_samples",
+        "schedule": 60.0,
+    },
+    "gpu-prune": {
+        "task": "serving.prune_gpu_samples",
         "schedule": 60.0,
     },
     "drill-runs-resume": {
-        "task": "incidents.tasks.resume_drill_runs",
+        "task": "incidents.resume_drill_runs",
         "schedule": 15.0,
     },
     "notifications-sweep": {
-        "task": "incidents.tasks.sweep_notifications",
+        "task": "incidents.sweep_notifications",
         "schedule": 60.0,
     },
 }
@@ -306,21 +310,21 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     # Several models have a `status` choice field; name each enum after its model.
     "ENUM_NAME_OVERRIDES": {
-        "VersionStatusEnum": "serving.models.VersionStatus",
-        "DeploymentStatusEnum": "serving.deployment_models.DeploymentStatus",
-        "RollbackStatusEnum": "serving.ops_models.RollbackStatus",
+        "VersionStatusEnum": "serving.registry.models.VersionStatus",
+        "DeploymentStatusEnum": "serving.deployments.models.DeploymentStatus",
+        "RollbackStatusEnum": "serving.ops.models.RollbackStatus",
         "IncidentStatusEnum": "incidents.models.IncidentStatus",
         "SeverityEnum": "incidents.models.Severity",
         "EventKindEnum": "incidents.models.EventKind",
         "BreachKindEnum": "incidents.models.BreachKind",
         "BreachGroupEnum": "incidents.models.BreachGroup",
         "BreachActionEnum": "incidents.models.BreachAction",
-        "ChannelKindEnum": "incidents.models.ChannelKind",
+        "ChannelKindEnum": "incidents.notifications.models.ChannelKind",
         "RuleOpEnum": "incidents.models.RuleOp",
-        "DrillStatusEnum": "incidents.drill_models.DrillStatus",
-        "DrillSlotEnum": "incidents.drill_models.DrillSlot",
-        "FaultKindEnum": "incidents.drill_models.FaultKind",
-        "RevertStrategyEnum": "incidents.drill_models.RevertStrategy",
+        "DrillStatusEnum": "incidents.drills.models.DrillStatus",
+        "DrillSlotEnum": "incidents.drills.models.DrillSlot",
+        "FaultKindEnum": "incidents.drills.models.FaultKind",
+        "RevertStrategyEnum": "incidents.drills.models.RevertStrategy",
     },
 }
 

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from serving import metrics_views
+from serving.telemetry import metrics as metrics_views
 from tenants.views import ThrottledLoginView
 
 api_v1 = [

@@ -15,7 +15,14 @@ from tenants.models import Invitation
 logger = logging.getLogger(__name__)
 
 
-@task(queue="default", time_limit=60, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+@task(
+    name="tenants.invitation_send_email",
+    queue="default",
+    time_limit=60,
+    autoretry_for=(OSError,),
+    retry_backoff=True,
+    max_retries=5,
+)
 def invitation_send_email(invitation_id: int, accept_url: str) -> bool:
     invitation = (
         Invitation.objects.select_related("tenant", "invited_by").filter(pk=invitation_id).first()
@@ -37,7 +44,14 @@ def invitation_send_email(invitation_id: int, accept_url: str) -> bool:
     return True
 
 
-@task(queue="default", time_limit=60, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+@task(
+    name="tenants.signup_send_verification",
+    queue="default",
+    time_limit=60,
+    autoretry_for=(OSError,),
+    retry_backoff=True,
+    max_retries=5,
+)
 def signup_send_verification(user_id: int, verify_url: str) -> bool:
     """Mail the signup verification link; nothing when the account is gone or active already."""
     user = get_user_model().objects.filter(pk=user_id).first()
@@ -58,6 +72,6 @@ def signup_send_verification(user_id: int, verify_url: str) -> bool:
     return True
 
 
-@task(queue="default", time_limit=300, idempotent=True)
+@task(name="tenants.invitations_expire", queue="default", time_limit=300, idempotent=True)
 def invitations_expire() -> int:
     return services.invitations_expire()

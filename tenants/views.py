@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from functools import wraps
 from typing import Any
 
 from django.contrib import messages
@@ -20,48 +18,11 @@ from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
 from portal.exceptions import PortalError
-from tenants import forms, selectors, services
-from tenants.actors import Actor
+from tenants import forms, selectors, services, usage
 from tenants.api.base import SESSION_TENANT_KEY
 from tenants.models import ApiToken, Invitation, Membership, Scope, Tenant
+from tenants.pages import page_actor, tenant_page
 from tenants.scoping import get_for_tenant
-
-View = Callable[..., HttpResponse]
-
-
-def _storage_used(tenant: Tenant) -> int:
-    from serving.selectors import storage_used_bytes  # serving builds on tenants
-
-    return storage_used_bytes(tenant=tenant)
-
-
-def tenant_page(scope: str = Scope.READ) -> Callable[[View], View]:
-    """Resolve /t/<slug>/ to the caller's membership (404 if none) and require `scope`."""
-
-    def decorator(view: View) -> View:
-        @login_required
-        @wraps(view)
-        def wrapper(request: HttpRequest, slug: str, *args: Any, **kwargs: Any) -> HttpResponse:
-            tenant = Tenant.objects.filter(slug=slug, is_active=True).first()
-            membership = (
-                selectors.membership_get(tenant=tenant, user=request.user) if tenant else None
-            )
-            if membership is None:
-                raise Http404("No such tenant among yours.")
-            request.tenant = membership.tenant  # type: ignore[attr-defined]
-            request.membership = membership  # type: ignore[attr-defined]
-            request.session[SESSION_TENANT_KEY] = membership.tenant_id
-            if scope not in membership.scopes:
-                raise PermissionDenied(f"Your role ({membership.role}) cannot do this.")
-            return view(request, membership.tenant, *args, **kwargs)
-
-        return wrapper
-
-    return decorator
-
-
-def _actor(request: HttpRequest) -> Actor:
-    return Actor(user=request.user)
 
 
 def _form_errors(form: Any, exc: PortalError | DjangoValidationError) -> None:
@@ -156,7 +117,7 @@ def tenant_new(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             tenant = services.tenant_create(
-                owner=request.user, name=form.cleaned_data["name"], actor=_actor(request)
+                owner=request.user, name=form.cleaned_data["name"], actor=page_actor(request)
             )
         except PortalError as exc:
             _form_errors(form, exc)
@@ -169,7 +130,7 @@ def tenant_new(request: HttpRequest) -> HttpResponse:
 def tenant_overview(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     context = {
         "quota": selectors.quota_get(tenant=tenant),
-        "storage_used_bytes": _storage_used(tenant),
+        "storage_used_bytes": usage.storage_used_bytes(tenant),
         "member_count": selectors.membership_list(tenant=tenant).count(),
         "recent_events": selectors.audit_event_list(tenant=tenant).order_by("-id")[:10],
     }
@@ -184,7 +145,9 @@ def tenant_settings(request: HttpRequest, tenant: Tenant) -> HttpResponse:
             raise PermissionDenied("Only owners change tenant settings.")
         if form.is_valid():
             try:
-                services.tenant_update(tenant=tenant, actor=_actor(request), **form.cleaned_data)
+                services.tenant_update(
+                    tenant=tenant, actor=page_actor(request), **form.cleaned_data
+                )
             except (PortalError, DjangoValidationError) as exc:
                 _form_errors(form, exc)
             else:
@@ -196,7 +159,7 @@ def tenant_settings(request: HttpRequest, tenant: Tenant) -> HttpResponse:
         {
             "form": form,
             "quota": selectors.quota_get(tenant=tenant),
-            "storage_used_bytes": _storage_used(tenant),
+            "storage_used_bytes": usage.storage_used_bytes(tenant),
         },
     )
 
@@ -211,7 +174,7 @@ def members(request: HttpRequest, tenant: Tenant) -> HttpResponse:
         if invite_form.is_valid():
             try:
                 _, raw = services.invitation_create(
-                    tenant=tenant, actor=_actor(request), **invite_form.cleaned_data
+                    tenant=tenant, actor=page_actor(request), **invite_form.cleaned_data
                 )
             except PortalError as exc:
                 _form_errors(invite_form, exc)
@@ -247,7 +210,7 @@ def member_role(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
     if form.is_valid():
         try:
             services.membership_set_role(
-                tenant=tenant, actor=_actor(request), membership=membership, **form.cleaned_data
+                tenant=tenant, actor=page_actor(request), membership=membership, **form.cleaned_data
             )
             messages.success(
                 request, f"{membership.user.email} is now {form.cleaned_data['role']}."
@@ -265,7 +228,7 @@ def member_remove(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse
     membership = get_for_tenant(Membership.objects.select_related("user"), tenant=tenant, pk=pk)
     try:
         counts = services.membership_remove(
-            tenant=tenant, actor=_actor(request), membership=membership
+            tenant=tenant, actor=page_actor(request), membership=membership
         )
         messages.success(
             request,
@@ -282,7 +245,7 @@ def member_remove(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse
 def invitation_revoke(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
     invitation = get_for_tenant(Invitation.objects.all(), tenant=tenant, pk=pk)
     try:
-        services.invitation_revoke(tenant=tenant, actor=_actor(request), invitation=invitation)
+        services.invitation_revoke(tenant=tenant, actor=page_actor(request), invitation=invitation)
         messages.success(request, f"Revoked the invitation of {invitation.email}.")
     except PortalError as exc:
         messages.error(request, exc.message)
@@ -296,7 +259,7 @@ def tokens(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             token, raw = services.api_token_create(
-                tenant=tenant, actor=_actor(request), **form.cleaned_data
+                tenant=tenant, actor=page_actor(request), **form.cleaned_data
             )
         except PortalError as exc:
             _form_errors(form, exc)
@@ -315,7 +278,7 @@ def tokens(request: HttpRequest, tenant: Tenant) -> HttpResponse:
 @tenant_page(Scope.ADMIN)
 def token_revoke(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
     token = get_for_tenant(ApiToken.objects.all(), tenant=tenant, pk=pk)
-    token = services.api_token_revoke(tenant=tenant, actor=_actor(request), token=token)
+    token = services.api_token_revoke(tenant=tenant, actor=page_actor(request), token=token)
     if request.headers.get("HX-Request"):
         return render(request, "tenants/_token_row.html", {"t": token})
     messages.success(request, f"Revoked {token.name}.")

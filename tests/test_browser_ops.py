@@ -28,12 +28,13 @@ from django.utils import timezone
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
 from incidents import drills, services
-from incidents.models import ChaosDrill, DrillRun, DrillStatus, Incident
-from incidents.tasks import advance_drill_run
-from serving import health
-from serving.contracts import contract_set
-from serving.gpu_agent import AgentConfig, GpuAgent
-from serving.models import Deployment, DeploymentStatus
+from incidents.drills.models import ChaosDrill, DrillRun, DrillStatus
+from incidents.drills.tasks import advance_drill_run
+from incidents.models import Incident
+from serving.deployments.models import Deployment, DeploymentStatus
+from serving.ops import health
+from serving.ops.contracts import contract_set
+from serving.telemetry.agent import AgentConfig, GpuAgent
 from tenants.actors import Actor
 from tests.conftest import PASSWORD, TenantWorld, make_world
 from tests.incidents.factories import breach

@@ -104,7 +104,10 @@ def _python_files(*folders: str) -> list[Path]:
     return files
 
 
-@pytest.mark.parametrize("room", ["serving/dataplane", "serving/engine", "serving/telemetry"])
+@pytest.mark.parametrize(
+    "room",
+    ["serving/dataplane", "serving/engine", "serving/telemetry/providers", "serving/control"],
+)
 def test_data_plane_and_engine_import_no_django(room: str) -> None:
     """What runs inside Ray: the data plane, the engine, and the GPU providers (the node
     samplers of GPU_AGENT_MODE=ray read them there)."""

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from serving import gpu_agent, metrics_views
+from serving.telemetry import agent as gpu_agent
+from serving.telemetry import metrics as metrics_views
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "docs" / "grafana" / "portal-gpu.json"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import django_filters
 
-from incidents.models import CauseRule, Incident, NotificationChannel, SlaBreach
+from incidents.models import CauseRule, Incident, SlaBreach
+from incidents.notifications.models import NotificationChannel
 
 
 class IncidentFilter(django_filters.FilterSet):

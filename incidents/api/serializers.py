@@ -8,19 +8,11 @@ from django.core.validators import URLValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from incidents.models import (
-    CauseRule,
-    ChannelKind,
-    Incident,
-    IncidentEvent,
-    NotificationChannel,
-    RuleOp,
-    Severity,
-    SlaBreach,
-)
+from incidents.models import CauseRule, Incident, IncidentEvent, RuleOp, Severity, SlaBreach
+from incidents.notifications.models import ChannelKind, NotificationChannel
+from incidents.rca.evidence import SIGNAL_NAMES
 from incidents.services import NOTE_MAX_CHARS
-from incidents.signals import SIGNAL_NAMES
-from serving.ops_models import Rollback
+from serving.ops.models import Rollback
 
 
 class IncidentSerializer(serializers.ModelSerializer):

@@ -1,6 +1,7 @@
 from rest_framework.routers import SimpleRouter
 
-from incidents.api import drills, views
+from incidents.api import views
+from incidents.drills import api as drills
 
 router = SimpleRouter()
 router.register("incidents", views.IncidentViewSet, basename="incident")

@@ -16,8 +16,9 @@ from rest_framework.response import Response
 from incidents import selectors, services
 from incidents.api import filters
 from incidents.api import serializers as s
-from incidents.models import CauseRule, Incident, NotificationChannel, SlaBreach
-from incidents.postmortem import postmortem_markdown
+from incidents.models import CauseRule, Incident, SlaBreach
+from incidents.notifications.models import NotificationChannel
+from incidents.rca.postmortem import postmortem_markdown
 from portal.api.validation import validated
 from tenants.api.base import TenantScopedViewSet
 from tenants.models import Scope, Tenant

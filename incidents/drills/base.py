@@ -6,10 +6,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from incidents.drill_models import (
-    DrillEvent,
-    DrillRun,
-)
+from incidents.drills.models import DrillEvent, DrillRun
 from tenants.actors import Actor
 
 logger = logging.getLogger("incidents.drills")

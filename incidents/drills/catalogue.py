@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from incidents.drill_models import (
-    FaultKind,
-)
+from incidents.drills.models import FaultKind
 from portal.exceptions import ValidationFailed
 
 

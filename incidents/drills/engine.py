@@ -8,15 +8,11 @@ from typing import Any
 
 from django.db import transaction
 
-from incidents.drill_models import (
-    DrillRun,
-    DrillStatus,
-    RevertStrategy,
-)
 from incidents.drills import faults as drill_faults
 from incidents.drills import policy
 from incidents.drills.base import RECOVERY_WAIT_S, STEP_S, TTL_GRACE_S, _actor, _dt, _event
 from incidents.drills.catalogue import CATALOGUE
+from incidents.drills.models import DrillRun, DrillStatus, RevertStrategy
 from incidents.drills.steady import _firing, measure, steady_state
 from incidents.models import Incident
 from portal.exceptions import ValidationFailed
@@ -96,7 +92,7 @@ def fault_entry(run: DrillRun, now: float) -> dict[str, Any]:
 
 
 def _inject(run: DrillRun, now: float) -> float:
-    from serving import deployments
+    from serving.deployments import services as deployments
 
     active = drill_faults.of(run.fault)
     reason = active.precheck(run)
@@ -178,7 +174,7 @@ def _observe(run: DrillRun, now: float) -> float:
 
 
 def _revert(run: DrillRun, now: float) -> float | None:
-    from serving import deployments
+    from serving.deployments import services as deployments
 
     active = drill_faults.of(run.fault)
     if run.reverted_at is None and active.control_side:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from incidents.drill_models import ACTIVE_STATUSES, ChaosDrill, DrillRun, FaultKind
+from incidents.drills.models import ACTIVE_STATUSES, ChaosDrill, DrillRun, FaultKind
 from portal.exceptions import ConflictError, PermissionDeniedError, QuotaExceeded
 from tenants.actors import Actor
 from tenants.models import Quota, Tenant
 
 if TYPE_CHECKING:
-    from serving.deployment_models import DeploymentRevision
+    from serving.deployments.models import DeploymentRevision
 
 PLATFORM_FAULTS = frozenset({FaultKind.CONTROL_PLANE_DELAY})
 MAX_FLOOD_CONCURRENCY = 64
@@ -38,7 +38,7 @@ def acts_for_platform(actor: Actor, drill: ChaosDrill) -> bool:
 
 def _current(drill: ChaosDrill) -> DeploymentRevision | None:
     """The deployment's current revision, read now (a drill is checked again at each start)."""
-    from serving.deployment_models import DeploymentRevision
+    from serving.deployments.models import DeploymentRevision
 
     return DeploymentRevision.objects.filter(current_of__pk=drill.deployment_id).first()
 
@@ -76,7 +76,7 @@ def capacity(revision: DeploymentRevision | None) -> int:
 def check_size(drill: ChaosDrill) -> None:
     """Bounds that depend on the deployment: leak size, flood concurrency."""
     from portal.exceptions import ValidationFailed
-    from serving.replica_limits import leak_cap_mb, leak_cap_reason
+    from serving.deployments.replica_limits import leak_cap_mb, leak_cap_reason
 
     revision = _current(drill)
     params = drill.parameters

@@ -10,13 +10,6 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from incidents.drill_models import (
-    ACTIVE_STATUSES,
-    ChaosDrill,
-    DrillRun,
-    DrillStatus,
-    RevertStrategy,
-)
 from incidents.drills import faults as drill_faults
 from incidents.drills import policy
 from incidents.drills.base import RESUME_AFTER_S, _event
@@ -26,8 +19,15 @@ from incidents.drills.catalogue import (
     _check_schedule,
     _check_steady_state,
 )
+from incidents.drills.models import (
+    ACTIVE_STATUSES,
+    ChaosDrill,
+    DrillRun,
+    DrillStatus,
+    RevertStrategy,
+)
 from portal.exceptions import ConflictError, ValidationFailed
-from serving.deployment_models import Deployment
+from serving.deployments.models import Deployment
 from tenants.actors import Actor
 from tenants.models import Tenant
 from tenants.services import audit_record
@@ -52,7 +52,7 @@ def _apply(drill: ChaosDrill, data: dict[str, Any]) -> None:
     drill.schedule = _check_schedule(drill.schedule)
     if drill.revert not in RevertStrategy.values:
         raise ValidationFailed(f"one of {', '.join(RevertStrategy.values)}.", field="revert")
-    from incidents.configuration import clean_or_fail
+    from portal.validation import clean_or_fail
 
     clean_or_fail(drill, exclude=["tenant", "deployment", "created_by", "periodic_task"])
     drill_faults.of(drill.fault).check(drill)
@@ -134,7 +134,7 @@ def _sync_schedule(drill: ChaosDrill) -> None:
     task, _ = PeriodicTask.objects.update_or_create(
         name=name,
         defaults={
-            "task": "incidents.tasks.start_scheduled_drill",
+            "task": "incidents.start_scheduled_drill",
             "crontab": cron,
             "interval": None,
             "args": json.dumps([drill.pk]),
@@ -157,7 +157,7 @@ def run_start(
     deployment: a second is refused (ConflictError); so is one beyond the tenant's
     concurrent-run quota, one by a suspended tenant, and one the drill policy no longer
     allows (the deployment moved to a shared pool, or shrank below the fault's size)."""
-    from incidents.tasks import advance_drill_run
+    from incidents.drills.tasks import advance_drill_run
 
     deployment = drill.deployment
     if deployment.deleted_at is not None:

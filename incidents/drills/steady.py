@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from incidents.drill_models import (
-    DrillRun,
-)
 from incidents.drills.base import CATCH_UP_MAX_S, PROBE_WINDOW_S
+from incidents.drills.models import DrillRun
 
 
 def measure(
@@ -16,16 +14,14 @@ def measure(
     """The slot's SLIs over the last PROBE_WINDOW_S seconds of stored rows, or since `since`
     when that is earlier (up to CATCH_UP_MAX_S back)."""
     from serving.dataplane.sli import quantile
-    from serving.ops_models import Resolution, SliSample
-    from serving.sli_store import as_datetime
+    from serving.ops import selectors as ops
 
     window_start = now - PROBE_WINDOW_S
     if since is not None:
         window_start = max(min(window_start, since), now - CATCH_UP_MAX_S)
-    rows = SliSample.objects.filter(
-        deployment_id=deployment_id, group=group, resolution=Resolution.RAW,
-        end__gt=as_datetime(window_start),
-    ).values_list("requests", "errors", "latency", "start", "end")  # fmt: skip
+    rows = ops.raw_sli_rows(
+        deployment_id=deployment_id, group=group, since=window_start
+    ).values_list("requests", "errors", "latency", "start", "end")
     requests = errors = 0
     latency = [0] * 12
     span = 0.0
@@ -45,7 +41,7 @@ def measure(
 
 
 def _firing(deployment_id: int, group: str) -> list[dict[str, Any]]:
-    from serving.health import deployment_health
+    from serving.ops.selectors import deployment_health
 
     try:
         info = deployment_health(deployment_id)

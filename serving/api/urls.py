@@ -1,6 +1,8 @@
 from rest_framework.routers import SimpleRouter
 
-from serving.api import deployments, ops, views
+from serving.deployments import api as deployments
+from serving.ops import api as ops
+from serving.registry.api import views
 
 router = SimpleRouter()
 router.register("models", views.ModelViewSet, basename="model")

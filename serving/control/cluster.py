@@ -33,6 +33,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
+from serving.control import host
 from serving.control.serve_api import ServeApiClient, ServeApiError
 
 LOOPBACK = "127.0.0.1"
@@ -257,12 +258,11 @@ def _existing_target(address: str, env: Mapping[str, str]) -> RayTarget:
 
 
 def _data_dir(env: Mapping[str, str]) -> Path:
-    """Django's DATA_DIR when settings are loaded, else PORTAL_DATA_DIR, else <repo>/var."""
-    with contextlib.suppress(ImportError):
-        from django.conf import settings
-
-        if settings.configured and getattr(settings, "DATA_DIR", None):
-            return Path(settings.DATA_DIR).resolve()
+    """The portal's DATA_DIR when it runs (serving.control.host), else PORTAL_DATA_DIR, else
+    <repo>/var."""
+    configured = host.data_dir()
+    if configured is not None:
+        return Path(configured).resolve()
     raw = env.get("PORTAL_DATA_DIR", "").strip()
     return Path(raw).resolve() if raw else REPO_ROOT / "var"
 

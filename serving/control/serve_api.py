@@ -5,9 +5,9 @@
 The dashboard enforces Ray token auth, so every request carries `Authorization: Bearer <token>`.
 Only the standard library is used, so the portal's runtime needs no HTTP client package.
 
-A `control_plane_delay` chaos drill slows every call of this client down: while the Redis key
-`<SLI_KEY_PREFIX>:chaos:control_plane_delay` exists (the drill sets it with a TTL equal to the
-fault's expiry and deletes it at the revert), each request first waits its `delay_ms`.
+A `control_plane_delay` chaos drill slows every call of this client down: each request first
+waits `host.call_delay()` seconds, which the portal wires to the drill's Redis key when it
+starts (serving.deployments.chaos); a bare script has no delay.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+from serving.control import host
 
 if TYPE_CHECKING:
     from serving.control.cluster import RayTarget
@@ -198,64 +200,6 @@ def _is_loopback_url(url: str) -> bool:
         return False
 
 
-CONTROL_DELAY_KEY = "{prefix}:chaos:control_plane_delay"
-MAX_CONTROL_DELAY_MS = 10_000  # refresh_deployment_status (time limit 30 s) makes two calls
-
-
-def control_delay_key() -> str:
-    from django.conf import settings
-
-    return CONTROL_DELAY_KEY.format(prefix=settings.SLI_KEY_PREFIX)
-
-
-class _InjectedDelay:
-    """How long a `control_plane_delay` drill wants each Serve API call held (0 without one).
-    Read at every call, so the delay ends the moment the key goes (revert or TTL). Without
-    Redis (embedded mode, or Redis down) there is no delay: a drill cannot be in force, and
-    the client must never fail because of its chaos hook."""
-
-    RETRY_AFTER_S = 5.0
-
-    def __init__(self) -> None:
-        self._redis: Any = None
-        self._url: str | None = None
-        self._down_until = 0.0
-
-    def seconds(self) -> float:
-        try:
-            from django.conf import settings
-
-            url = settings.REDIS_URL or None
-            key = control_delay_key()
-        except Exception:  # Django not configured (a bare script): no drill can be in force
-            return 0.0
-        if url is None or time.monotonic() < self._down_until:
-            return 0.0
-        try:
-            if self._redis is None or url != self._url:
-                import redis
-
-                self._redis = redis.Redis.from_url(
-                    url, socket_timeout=0.5, socket_connect_timeout=0.5
-                )
-                self._url = url
-            raw = self._redis.get(key)
-        except Exception as exc:
-            logger.warning("control_plane_delay key unreadable, no delay: %s", exc)
-            self._redis, self._down_until = None, time.monotonic() + self.RETRY_AFTER_S
-            return 0.0
-        if not raw:
-            return 0.0
-        try:
-            delay_ms = float(json.loads(raw).get("delay_ms", 0))
-        except (ValueError, TypeError, AttributeError):
-            return 0.0
-        return min(max(delay_ms, 0.0), MAX_CONTROL_DELAY_MS) / 1000.0
-
-
-injected_delay = _InjectedDelay()
-
-
 class ServeApiClient:
     """Bearer-token client for one cluster's dashboard; cheap to build, holds no connection."""
 
@@ -303,7 +247,7 @@ class ServeApiClient:
         authenticated: bool = True,
     ) -> tuple[int, str]:
         """Send one request; return (status, text) for 2xx, raise ServeApiError otherwise."""
-        delay = injected_delay.seconds()
+        delay = host.call_delay()
         if delay > 0:  # a control_plane_delay drill is in force (see the module doc)
             time.sleep(delay)
         url = self.dashboard_url + path

@@ -26,8 +26,8 @@ from typing import Any
 from ray import serve
 
 from serving.dataplane.sli import ray_node_id
-from serving.telemetry.nodes import node_name, node_stream, nodes_key
-from serving.telemetry.provider import NoGpu, Provider, open_provider
+from serving.telemetry.providers.base import NoGpu, Provider, open_provider
+from serving.telemetry.providers.nodes import node_name, node_stream, nodes_key
 
 logger = logging.getLogger("ray.serve")
 STREAM_SECONDS = 300  # what the stream keeps (the portal's resume log is its own)

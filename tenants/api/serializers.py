@@ -6,6 +6,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from tenants import usage
 from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Quota, Role, Scope, Tenant
 from tenants.services import TOKEN_RATE_LIMIT_MAX
 
@@ -132,9 +133,7 @@ class QuotaSerializer(serializers.ModelSerializer):
         annotated = getattr(quota, "storage_used_bytes", None)  # quotas_with_storage_used()
         if annotated is not None:
             return int(annotated)
-        from serving.selectors import storage_used_bytes  # serving builds on tenants
-
-        return storage_used_bytes(tenant=quota.tenant)
+        return usage.storage_used_bytes(quota.tenant)
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

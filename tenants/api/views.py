@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.api.validation import validated
-from tenants import selectors, services
+from tenants import selectors, services, usage
 from tenants.actors import Actor
 from tenants.api import filters
 from tenants.api import serializers as s
@@ -189,9 +189,7 @@ class QuotaViewSet(
     action_scopes = {"partial_update": Scope.ADMIN}
 
     def scoped_queryset(self, tenant: Tenant) -> Any:
-        from serving.selectors import quotas_with_storage_used  # serving builds on tenants
-
-        return quotas_with_storage_used(Quota.objects.filter(tenant=tenant))
+        return usage.quotas_with_storage_used(Quota.objects.filter(tenant=tenant))
 
     @extend_schema(request=s.QuotaSerializer, responses=s.QuotaSerializer)
     def partial_update(self, request: Request, pk: str) -> Response:

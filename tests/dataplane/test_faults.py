@@ -422,8 +422,8 @@ def test_a_crash_spares_who_it_should(case: str) -> None:
 @pytest.mark.django_db
 def test_deployment_change_refuses_a_bad_fault_naming_the_field(world_a: TenantWorld) -> None:
     from portal.exceptions import ValidationFailed
-    from serving import deployments
-    from serving.deployment_models import Deployment
+    from serving.deployments import services as deployments
+    from serving.deployments.models import Deployment
     from tenants.actors import Actor
 
     deployment = Deployment.objects.get(tenant=world_a.tenant, name="assistant")

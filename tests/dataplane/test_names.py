@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from serving.control import names
 from serving.control.compile import DeploymentSpec, SlotSpec, compile_config
 from serving.dataplane.sli import sli_key
-from serving.deployment_models import DEPLOYMENT_NAME_RE
+from serving.deployments.models import DEPLOYMENT_NAME_RE
 
 # What the models accept: a Django SlugField (tenant slug, pool name) and the deployment name.
 SLUG = st.from_regex(r"[-a-zA-Z0-9_]{1,50}", fullmatch=True)

@@ -9,8 +9,9 @@ from typing import Any
 from django.utils import timezone
 
 from incidents import services
-from incidents.models import CauseRule, Incident, NotificationChannel
-from serving.deployment_models import Deployment
+from incidents.models import CauseRule, Incident
+from incidents.notifications.models import NotificationChannel
+from serving.deployments.models import Deployment
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
 
@@ -78,7 +79,7 @@ def channel_for_world(world: TenantWorld) -> NotificationChannel:
 
 def drill_for_world(world: TenantWorld) -> Any:
     from incidents import drills
-    from incidents.drill_models import ChaosDrill
+    from incidents.drills.models import ChaosDrill
 
     existing = ChaosDrill.objects.filter(tenant=world.tenant).first()
     if existing is not None:
@@ -92,7 +93,7 @@ def drill_for_world(world: TenantWorld) -> Any:
 
 def drill_run_for_world(world: TenantWorld) -> Any:
     """A finished run (history): no matrix test injects a fault for real."""
-    from incidents.drill_models import DrillRun, DrillStatus
+    from incidents.drills.models import DrillRun, DrillStatus
 
     drill = drill_for_world(world)
     now = timezone.now()

@@ -6,8 +6,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from serving.dataplane.sli import BOUNDS_MS
-from serving.deployment_models import Deployment
-from serving.ops_models import SliSample
+from serving.deployments.models import Deployment
+from serving.ops.models import SliSample
 
 
 def latency(ms: float, count: int) -> list[int]:

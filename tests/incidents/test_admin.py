@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from incidents.models import NotificationChannel
+from incidents.notifications.models import NotificationChannel
 from tests.conftest import TenantWorld
 from tests.incidents.factories import breach, cause_rule_for_world, channel_for_world
 

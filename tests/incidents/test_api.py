@@ -9,7 +9,8 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from incidents import services
-from incidents.models import CauseRule, NotificationChannel
+from incidents.models import CauseRule
+from incidents.notifications.models import NotificationChannel
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
 from tests.incidents.factories import breach, deployment_of

@@ -18,10 +18,10 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from incidents import services
-from incidents.consumers import FORBIDDEN
-from incidents.notify import group_name
+from incidents.notifications.delivery import group_name
 from portal.asgi import application
 from tenants.actors import Actor
+from tenants.channels import FORBIDDEN
 from tests.conftest import TenantWorld
 from tests.incidents.factories import incident_for_world
 

@@ -33,17 +33,18 @@ from starlette.responses import JSONResponse
 
 from incidents import drills
 from incidents.drills import faults as drill_faults
+from incidents.drills.models import ChaosDrill, DrillRun, DrillStatus
 from incidents.drills.policy import PLATFORM_FAULTS
-from incidents.models import ChaosDrill, DrillRun, DrillStatus
 from portal.exceptions import PermissionDeniedError, ValidationFailed
-from serving import deployments as deploy
-from serving import health
 from serving.control.cluster import RayTarget
 from serving.control.compile import ROUTER_IMPORT
-from serving.control.reconcile import compiled_config
-from serving.control.serve_api import ServeApiClient, control_delay_key
+from serving.control.serve_api import ServeApiClient
 from serving.dataplane.app import Router
-from serving.models import Deployment, DeploymentRevision
+from serving.deployments import services as deploy
+from serving.deployments.chaos import control_delay_key
+from serving.deployments.models import Deployment, DeploymentRevision
+from serving.deployments.reconcile import compiled_config
+from serving.ops import health
 from tenants.actors import Actor
 from tenants.models import AuditEvent
 from tests.conftest import TenantWorld

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from incidents.models import ChaosDrill, DrillRun, DrillStatus
+from incidents.drills.models import ChaosDrill, DrillRun, DrillStatus
 from tests.conftest import TenantWorld
 from tests.incidents.factories import deployment_of, drill_for_world
 

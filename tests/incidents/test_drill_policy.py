@@ -13,11 +13,10 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from incidents import drills
-from incidents.models import ChaosDrill, DrillRun, DrillStatus
+from incidents.drills.models import ChaosDrill, DrillRun, DrillStatus
 from portal.exceptions import ConflictError, PermissionDeniedError, QuotaExceeded, ValidationFailed
-from serving import deployments as deploy
-from serving.deployment_models import DeploymentRevision, SharedPool
-from serving.models import Deployment, DeploymentStatus
+from serving.deployments import services as deploy
+from serving.deployments.models import Deployment, DeploymentRevision, DeploymentStatus, SharedPool
 from tenants import services as tenant_services
 from tenants.actors import Actor
 from tenants.models import AuditEvent, Quota

@@ -13,12 +13,14 @@ from django_celery_beat.models import PeriodicTask
 
 from incidents import drills
 from incidents.drills import steady
-from incidents.models import ChaosDrill, DrillRun, DrillStatus, Incident
+from incidents.drills.models import ChaosDrill, DrillRun, DrillStatus
+from incidents.models import Incident
 from portal.exceptions import ConflictError, ValidationFailed
-from serving import deployments as deploy
-from serving import health
-from serving.contracts import contract_set
-from serving.models import Deployment, DeploymentStatus, Rollback
+from serving.deployments import services as deploy
+from serving.deployments.models import Deployment, DeploymentStatus
+from serving.ops import health
+from serving.ops.contracts import contract_set
+from serving.ops.models import Rollback
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
 from tests.serving.test_ops_loop import FAST_CONTRACT, Replica, _ready, _version, applied  # noqa: F401
@@ -71,7 +73,7 @@ def test_a_schedule_is_a_cron_entry_in_celery_beat(world_a: TenantWorld) -> None
     deployment = _ready(world_a)
     drill = _drill(world_a, deployment, schedule="30 3 * * 1")
     task = PeriodicTask.objects.get(name=f"drill-{drill.pk}")
-    assert task.task == "incidents.tasks.start_scheduled_drill" and task.queue == "chaos"
+    assert task.task == "incidents.start_scheduled_drill" and task.queue == "chaos"
     assert (task.crontab.minute, task.crontab.hour, task.crontab.day_of_week) == ("30", "3", "1")
     actor = Actor(user=world_a.owner)
     drills.drill_update(tenant=world_a.tenant, actor=actor, drill=drill, schedule="0 4 * * *")

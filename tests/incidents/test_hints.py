@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from incidents.hints import SEEDED, Symptom, graph, match, rank_hints
-from incidents.signals import SIGNAL_NAMES
+from incidents.rca.evidence import SIGNAL_NAMES
+from incidents.rca.hints import SEEDED, Symptom, graph, match, rank_hints
 
 
 @dataclass

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from django.core import mail
 
-from incidents import notify, services
-from incidents.models import NotificationDelivery
-from incidents.tasks import deliver_notification
+from incidents import services
+from incidents.notifications import delivery as notify
+from incidents.notifications.models import NotificationDelivery
+from incidents.notifications.tasks import deliver_notification
 from portal.celery import app as celery_app
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
@@ -188,7 +189,7 @@ def test_a_delivery_whose_task_was_lost_is_swept_and_sent_once(
 
     from django.utils import timezone
 
-    from incidents.tasks import sweep_notifications
+    from incidents.notifications.tasks import sweep_notifications
 
     receiver.secret = _webhook(world_a, receiver.url)
     _, incident, _ = breach(world_a)  # its task never ran: the broker was down at commit

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from incidents import services
 from incidents.models import EventKind, Incident, IncidentStatus
-from serving.models import Rollback, RollbackStatus
+from serving.ops.models import Rollback, RollbackStatus
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
 from tests.incidents.factories import breach, deployment_of

@@ -8,9 +8,9 @@ import pytest
 from django.utils import timezone
 
 from incidents import services
-from incidents.postmortem import postmortem_markdown
-from serving.deployment_models import DeploymentRevision
-from serving.ops_models import Rollback
+from incidents.rca.postmortem import postmortem_markdown
+from serving.deployments.models import DeploymentRevision
+from serving.ops.models import Rollback
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
 from tests.incidents.factories import breach, deployment_of

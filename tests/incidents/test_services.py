@@ -16,11 +16,12 @@ from django.core.exceptions import ValidationError
 from django.db import connection
 from django.utils import timezone
 
-from incidents import notify, services
+from incidents import services
 from incidents.models import Incident, IncidentEvent, SlaBreach
+from incidents.notifications import delivery as notify
 from portal.exceptions import ConflictError, ValidationFailed
-from serving.deployment_models import DeploymentRevision
-from serving.ops_models import Rollback
+from serving.deployments.models import DeploymentRevision
+from serving.ops.models import Rollback
 from tenants.actors import Actor
 from tenants.models import AuditEvent
 from tests.conftest import TenantWorld
@@ -58,7 +59,7 @@ def test_another_objective_joins_the_slots_incident(world_a: TenantWorld) -> Non
 def test_a_page_breach_joining_a_ticket_incident_raises_it_to_a_page(
     world_a: TenantWorld,
 ) -> None:
-    from incidents.models import NotificationDelivery
+    from incidents.notifications.models import NotificationDelivery
 
     actor = Actor(user=world_a.owner)
     services.notification_channel_create(

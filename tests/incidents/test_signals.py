@@ -9,9 +9,9 @@ import pytest
 from django.utils import timezone
 
 from incidents import selectors
-from incidents.signals import incident_signals
-from serving.deployment_models import DeploymentRevision, ReconcileRun
-from serving.ops_models import Rollout
+from incidents.rca.evidence import incident_signals
+from serving.deployments.models import DeploymentRevision, ReconcileRun
+from serving.ops.models import Rollout
 from tests.conftest import TenantWorld
 from tests.incidents.factories import breach, deployment_of
 from tests.incidents.slis import sample

@@ -27,8 +27,9 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.urls import reverse
 
-from incidents import notify, services
-from incidents.models import NotificationChannel, NotificationDelivery
+from incidents import services
+from incidents.notifications import delivery as notify
+from incidents.notifications.models import NotificationChannel, NotificationDelivery
 from portal import netguard
 from tenants.actors import Actor
 from tenants.models import Tenant
@@ -439,7 +440,7 @@ def test_the_receivers_answer_is_not_kept_or_logged(
     leak = b"root:x:0:0 AWS_SECRET_ACCESS_KEY=abc\r\n\x1b[31mforged log line"
     receiver.answers = [(500, {"X-Debug": "internal-hostname"}, leak), (404, {}, leak)]
     delivery = _pending_delivery(world_a, f"http://127.0.0.1:{receiver.port}/hook")
-    with caplog.at_level(logging.INFO, logger="incidents.notify"):
+    with caplog.at_level(logging.INFO, logger="incidents.notifications.delivery"):
         notify.delivery_attempt(delivery_id=delivery.pk)
         delivery.refresh_from_db()
         assert (delivery.last_error, delivery.response_code) == ("HTTP 500", 500)

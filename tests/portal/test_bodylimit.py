@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from portal.bodylimit import BodyLimitMiddleware
-from serving import artifacts
+from serving.registry import artifacts
 
 API_PATH = "/api/v1/tokens/"
 PAGE_PATH = "/accounts/login/"

@@ -19,8 +19,8 @@ from django.core.management import CommandError, call_command
 
 from incidents.drills.faults.kv_probe import drill_probe_key
 from portal import secrets
-from serving.control.reconcile import cache_salt_hex, probe_key, probe_key_hashes
 from serving.dataplane.keys import hash_key
+from serving.deployments.keys import cache_salt_hex, probe_key, probe_key_hashes
 
 ROOT = Path(__file__).resolve().parents[2]
 DROPPED = ("DJANGO_SETTINGS_MODULE", "SECRET_KEY", "KV_CACHE_SECRET", "PORTAL_ENV")
@@ -220,7 +220,7 @@ def test_a_kv_secret_from_the_environment_is_used_and_rotated_there(settings: An
 
 @pytest.fixture
 def enqueued(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    from serving.tasks import reconcile
+    from serving.deployments.tasks import reconcile
 
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(reconcile, "delay", lambda *a, **kw: calls.append(kw))

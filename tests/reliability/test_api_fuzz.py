@@ -48,8 +48,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.generation.stateful import run_state_machine_as_test
 
 from portal import netguard
-from serving.deployment_models import Deployment
-from serving.deployments import inference_key_create
+from serving.deployments.models import Deployment
+from serving.deployments.services import inference_key_create
 from tenants import services as tenant_services
 from tenants.actors import Actor
 from tenants.models import ApiToken, Membership, Role, Tenant

@@ -25,11 +25,11 @@ from django.conf import settings
 
 from incidents import drills
 from incidents.drills import faults as drill_faults
-from incidents.models import DrillRun, DrillStatus
-from serving import deployments
-from serving.control import reconcile as control
-from serving.control.serve_api import control_delay_key
-from serving.models import Deployment, DeploymentStatus
+from incidents.drills.models import DrillRun, DrillStatus
+from serving.deployments import reconcile as control
+from serving.deployments import services as deployments
+from serving.deployments.chaos import control_delay_key
+from serving.deployments.models import Deployment, DeploymentStatus
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
 from tests.incidents.test_drill_faults import _actor

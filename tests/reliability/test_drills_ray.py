@@ -15,13 +15,14 @@ from collections.abc import Callable
 import pytest
 
 from incidents import drills
-from incidents.models import DrillRun, DrillStatus, Incident
-from incidents.tasks import resume_drill_runs
-from serving import deployments
-from serving.contracts import contract_set
-from serving.control import reconcile as control
-from serving.models import Deployment, DeploymentRevision
-from serving.tasks import health_tick
+from incidents.drills.models import DrillRun, DrillStatus
+from incidents.drills.tasks import resume_drill_runs
+from incidents.models import Incident
+from serving.deployments import reconcile as control
+from serving.deployments import services as deployments
+from serving.deployments.models import Deployment, DeploymentRevision
+from serving.ops.contracts import contract_set
+from serving.ops.tasks import health_tick
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
 from tests.ray_cluster import RayCluster

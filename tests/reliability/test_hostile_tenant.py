@@ -27,10 +27,10 @@ from django.conf import settings as django_settings
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
-from incidents.models import DrillStatus
-from serving import deployments
-from serving.control import reconcile as control
-from serving.deployment_models import Deployment, DeploymentStatus, SharedPool
+from incidents.drills.models import DrillStatus
+from serving.deployments import reconcile as control
+from serving.deployments import services as deployments
+from serving.deployments.models import Deployment, DeploymentStatus, SharedPool
 from serving.engine.testing import write_tiny_checkpoint
 from tenants.actors import Actor
 from tenants.models import Quota
@@ -323,7 +323,9 @@ def test_a_hostile_tenant_cannot_break_slow_starve_or_reach_its_neighbour(
     ]
     assert {a.status_code for a in answers} <= {200, 429}
     assert world_b.client().get("/api/v1/deployments/").status_code == 200
-    refused.rows.append(("the control API hammered (30 GETs at 2 rps)", 429, f"{len(limited)} limited"))
+    refused.rows.append(
+        ("the control API hammered (30 GETs at 2 rps)", 429, f"{len(limited)} limited")
+    )
 
     # --- the neighbour's changes still apply ---------------------------------------------------
     world_b_key = _key(world_b, _served(world_b))  # a new key: a new revision to reconcile

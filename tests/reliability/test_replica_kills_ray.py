@@ -20,9 +20,9 @@ import pytest
 import redis
 from django.conf import settings
 
-from serving import deployments
-from serving.control import reconcile as control
-from serving.models import Deployment, DeploymentStatus
+from serving.deployments import reconcile as control
+from serving.deployments import services as deployments
+from serving.deployments.models import Deployment, DeploymentStatus
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
 from tests.ray_cluster import RayCluster

@@ -7,7 +7,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from serving.models import Deployment, Rollback, RollbackStatus, Rollout, RolloutStatus
+from serving.deployments.models import Deployment
+from serving.ops.models import Rollback, RollbackStatus, Rollout, RolloutStatus
 
 
 def _served(world: Any) -> Deployment:

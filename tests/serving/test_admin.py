@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from serving.deployment_models import SharedPool
+from serving.deployments.models import SharedPool
 from tests.conftest import TenantWorld
 
 pytestmark = pytest.mark.django_db
@@ -40,7 +40,7 @@ def test_changelists_render(world_a: TenantWorld, staff_client: Client, name: st
 def test_key_hashes_never_show_and_deployments_are_read_only(
     world_a: TenantWorld, staff_client: Client
 ) -> None:
-    from serving.deployment_models import Deployment, InferenceKey
+    from serving.deployments.models import Deployment, InferenceKey
 
     deployment = Deployment.objects.filter(tenant=world_a.tenant).first()
     assert deployment is not None

@@ -13,16 +13,15 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from serving import services as serving_services
 from serving.control.cluster import ray_target_from_env
-from serving.models import (
+from serving.deployments.models import (
     Deployment,
     DeploymentRevision,
     DeploymentStatus,
     InferenceKey,
-    Model,
-    ModelVersion,
 )
+from serving.registry import services as serving_services
+from serving.registry.models import Model, ModelVersion
 from tenants.actors import Actor
 from tests.conftest import TenantWorld, world_checkpoint
 

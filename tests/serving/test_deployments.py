@@ -10,12 +10,13 @@ from django.urls import reverse
 from ray.serve.schema import ServeDeploySchema
 
 from portal.exceptions import ConflictError, QuotaExceeded, ValidationFailed
-from serving import deployments as services
-from serving import services as registry
 from serving.control.cluster import RayTarget
 from serving.control.compile import restart_free
-from serving.control.reconcile import cache_salt_hex, compiled_config, desired_state
-from serving.models import Deployment, DeploymentRevision, InferenceKey
+from serving.deployments import services
+from serving.deployments.keys import cache_salt_hex
+from serving.deployments.models import Deployment, DeploymentRevision, InferenceKey
+from serving.deployments.reconcile import compiled_config, desired_state
+from serving.registry import services as registry
 from tenants.actors import Actor
 from tenants.models import AuditEvent, Quota
 from tests.conftest import TenantWorld, world_checkpoint

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from serving import deployments
 from serving.control.serve_api import AppStatus
+from serving.deployments import services as deployments
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
 from tests.ray_cluster import RayCluster

@@ -16,12 +16,12 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.test import Client, override_settings
 
-from serving import gpu_agent
-from serving.gpu_agent import AgentConfig, Downsampler, GpuAgent, tenant_group
-from serving.gpu_models import GpuDeviceSample, GpuProcessSample
-from serving.telemetry.nvml import NvmlProvider
-from serving.telemetry.provider import GpuProcess
-from serving.telemetry.simulated import SimulatedProvider
+from serving.telemetry import agent as gpu_agent
+from serving.telemetry.agent import AgentConfig, Downsampler, GpuAgent, tenant_group
+from serving.telemetry.models import GpuDeviceSample, GpuProcessSample
+from serving.telemetry.providers.base import GpuProcess
+from serving.telemetry.providers.nvml import NvmlProvider
+from serving.telemetry.providers.simulated import SimulatedProvider
 from tests.conftest import TenantWorld
 from tests.serving.test_ops_loop import Replica, _ready
 from tests.telemetry.test_providers import FakeGpu, FakeNvml
@@ -225,7 +225,7 @@ def test_simulated_provider_hosts_the_published_replicas(world_a: TenantWorld) -
 
 
 def test_old_rows_are_pruned(world_a: TenantWorld) -> None:
-    from serving.tasks import prune_sli_samples
+    from serving.telemetry.tasks import prune_gpu_samples
 
     deployment = _ready(world_a)
     downsampler = Downsampler("node-a", simulated=True)
@@ -244,7 +244,7 @@ def test_old_rows_are_pruned(world_a: TenantWorld) -> None:
             rows[1] += processes
     gpu_agent._store(*rows)
     before = GpuDeviceSample.objects.count()
-    pruned = prune_sli_samples.delay().get()
+    pruned = prune_gpu_samples.delay().get()
     assert pruned["gpu_devices"] > 0 and pruned["gpu_processes"] > 0
     cutoff = now - 3600 - 600
     assert not GpuDeviceSample.objects.filter(resolution=1, at__lt=_dt(cutoff)).exists()

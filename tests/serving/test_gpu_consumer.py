@@ -15,9 +15,9 @@ from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
 
 from portal.asgi import application
-from serving.consumers import GpuConsumer
-from serving.gpu_agent import AgentConfig, GpuAgent, seq_key
-from serving.telemetry.simulated import SimulatedProvider
+from serving.telemetry.agent import AgentConfig, GpuAgent, seq_key
+from serving.telemetry.consumers import GpuConsumer
+from serving.telemetry.providers.simulated import SimulatedProvider
 from tests.conftest import TenantWorld
 from tests.incidents.test_consumers import ORIGIN, WebsocketCommunicator, close_code, session_cookie
 from tests.serving.test_ops_loop import _ready

@@ -17,12 +17,12 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from serving import gpu_agent
-from serving.control import reconcile as control
 from serving.control.compile import GPU_NODES_APP, GpuNodesSpec, compile_config, restart_free
 from serving.dataplane.gpu_node import GpuNodeSampler, Sampler
-from serving.gpu_relay import Relay, RemoteProvider
-from serving.telemetry.nodes import node_stream, nodes_key
+from serving.deployments import reconcile as control
+from serving.telemetry import agent as gpu_agent
+from serving.telemetry.providers.nodes import node_stream, nodes_key
+from serving.telemetry.relay import Relay, RemoteProvider
 from tests.conftest import TenantWorld
 from tests.serving.test_ops_loop import Replica, _ready
 

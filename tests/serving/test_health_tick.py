@@ -14,10 +14,11 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from serving import health
-from serving.control.reconcile import probe_key
-from serving.models import Deployment, Resolution, SliSample
-from serving.sli_store import BoundaryCache, insert_samples, lookup_before, sample_row
+from serving.deployments.keys import probe_key
+from serving.deployments.models import Deployment
+from serving.ops import health
+from serving.ops.models import Resolution, SliSample
+from serving.ops.sli_store import BoundaryCache, insert_samples, lookup_before, sample_row
 from serving.slo.evaluate import Counts
 from tests.conftest import TenantWorld
 from tests.serving.test_ops_loop import Replica, _ready
@@ -204,7 +205,7 @@ def test_failed_probes_on_stable_open_an_incident_and_escalate_to_a_page(
     """The replicas' counters miss requests the proxy holds while a replica is replaced; the
     probe sees them. One failure is a ticket, three in a row a page; a good probe ends it."""
     from incidents.models import Incident, SlaBreach
-    from serving.contracts import contract_set
+    from serving.ops.contracts import contract_set
     from tenants.actors import Actor
     from tests.serving.test_ops_loop import FAST_CONTRACT
 

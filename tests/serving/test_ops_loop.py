@@ -14,14 +14,12 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from serving import deployments as deploy
-from serving import health, rollbacks, rollouts
-from serving import services as registry
-from serving.contracts import contract_set
 from serving.dataplane.sli import SliRecorder, publish
-from serving.models import (
-    Deployment,
-    DeploymentStatus,
+from serving.deployments import services as deploy
+from serving.deployments.models import Deployment, DeploymentStatus
+from serving.ops import health, rollbacks, rollouts
+from serving.ops.contracts import contract_set
+from serving.ops.models import (
     Resolution,
     Rollback,
     RollbackStatus,
@@ -29,6 +27,7 @@ from serving.models import (
     RolloutStatus,
     SliSample,
 )
+from serving.registry import services as registry
 from tenants.actors import Actor
 from tests.conftest import TenantWorld, world_checkpoint
 

@@ -16,22 +16,15 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
-from serving import deployments as deploy
-from serving import health, rollbacks
-from serving import services as registry
-from serving.contracts import contract_current, contract_set
 from serving.dataplane.sli import SliRecorder, publish
-from serving.models import (
-    Deployment,
-    DeploymentStatus,
-    ModelVersion,
-    Rollback,
-    RollbackStatus,
-    Rollout,
-    RolloutPolicy,
-    RolloutStatus,
-)
-from serving.ops_forms import STARTER
+from serving.deployments import services as deploy
+from serving.deployments.models import Deployment, DeploymentStatus
+from serving.ops import health, rollbacks
+from serving.ops.contracts import contract_current, contract_set
+from serving.ops.forms import STARTER
+from serving.ops.models import Rollback, RollbackStatus, Rollout, RolloutPolicy, RolloutStatus
+from serving.registry import services as registry
+from serving.registry.models import ModelVersion
 from tenants.actors import Actor
 from tests.conftest import TenantWorld, world_checkpoint
 from tests.incidents.slis import sample

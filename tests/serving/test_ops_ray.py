@@ -29,11 +29,12 @@ from django.db import connection
 
 from incidents.models import Incident
 from portal.celery import app as celery_app
-from serving import deployments
-from serving.contracts import contract_set
-from serving.control import reconcile as control
-from serving.models import Deployment, DeploymentStatus, Rollback, RollbackStatus, Rollout
-from serving.tasks import health_tick
+from serving.deployments import reconcile as control
+from serving.deployments import services as deployments
+from serving.deployments.models import Deployment, DeploymentStatus
+from serving.ops.contracts import contract_set
+from serving.ops.models import Rollback, RollbackStatus, Rollout
+from serving.ops.tasks import health_tick
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
 from tests.ray_cluster import RayCluster
@@ -293,7 +294,7 @@ def test_a_failing_canary_is_rolled_back_by_the_worker(
 def test_worker_killed_mid_rollback_leaves_exactly_one(
     world_a: TenantWorld, ray_cluster: RayCluster, worker_factory: Callable[..., Worker]
 ) -> None:
-    from serving.rollbacks import rollback_request
+    from serving.ops.rollbacks import rollback_request
 
     deployment, key = _deploy_failing_canary(world_a, ray_cluster)
     slow = DelayingProxy(ray_cluster.dashboard_url, delay_s=8)
@@ -335,9 +336,9 @@ def test_worker_killed_mid_rollback_leaves_exactly_one(
 def test_a_good_canary_is_promoted_through_its_steps_by_the_worker(
     world_a: TenantWorld, ray_cluster: RayCluster, worker_factory: Callable[..., Worker]
 ) -> None:
-    from serving import rollouts
-    from serving.health import deployment_health
-    from serving.models import RolloutStatus
+    from serving.ops import rollouts
+    from serving.ops.health import deployment_health
+    from serving.ops.models import RolloutStatus
 
     actor = Actor(user=world_a.owner)
     deployment = Deployment.objects.get(tenant=world_a.tenant, name="assistant")
@@ -397,8 +398,8 @@ def test_gpu_processes_are_attributed_to_real_replica_pids(
     from asgiref.sync import async_to_sync
     from django.conf import settings
 
-    from serving.gpu_agent import AgentConfig, GpuAgent, sample_log, tenant_group, views
-    from serving.telemetry.nvml import NvmlProvider
+    from serving.telemetry.agent import AgentConfig, GpuAgent, sample_log, tenant_group, views
+    from serving.telemetry.providers.nvml import NvmlProvider
     from tests.telemetry.test_providers import FakeGpu, FakeNvml
 
     deployment = Deployment.objects.get(tenant=world_a.tenant, name="assistant")
@@ -462,8 +463,8 @@ def test_gpu_processes_are_attributed_to_real_replica_pids(
     from channels.layers import get_channel_layer
 
     from serving.control.compile import GPU_NODES_APP
-    from serving.gpu_relay import Relay
-    from serving.telemetry.nodes import node_stream, nodes_key
+    from serving.telemetry.providers.nodes import node_stream, nodes_key
+    from serving.telemetry.relay import Relay
 
     monkeypatch.setattr(settings, "GPU_AGENT_MODE", "ray")
     monkeypatch.setattr(settings, "GPU_AGENT_SIMULATE", True)

@@ -15,11 +15,12 @@ from django.urls import reverse
 from django.utils import timezone
 
 from portal.exceptions import ValidationFailed
-from serving import deployments as services
-from serving import services as registry
 from serving.control.compile import compile_config
-from serving.control.reconcile import cache_salt_hex, desired_state
-from serving.deployment_models import Deployment, SharedPool
+from serving.deployments import services
+from serving.deployments.keys import cache_salt_hex
+from serving.deployments.models import Deployment, SharedPool
+from serving.deployments.reconcile import desired_state
+from serving.registry import services as registry
 from tenants.actors import Actor
 from tenants.models import Quota
 from tests.conftest import TenantWorld
@@ -226,7 +227,7 @@ def test_through_serve_request_ids_suspension_and_revocation(
 
     import httpx
 
-    from serving.control import reconcile as control
+    from serving.deployments import reconcile as control
 
     pool.num_cpus, pool.kv_blocks = 0.25, 256
     pool.save(update_fields=["num_cpus", "kv_blocks"])

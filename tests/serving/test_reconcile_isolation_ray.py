@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving import deployments
 from serving.control import isolate
-from serving.control import reconcile as control
-from serving.deployment_models import Deployment, DeploymentRevision, DeploymentStatus
+from serving.deployments import reconcile as control
+from serving.deployments import services as deployments
+from serving.deployments.models import Deployment, DeploymentRevision, DeploymentStatus
 from serving.engine.testing import write_tiny_checkpoint
 from tenants.actors import Actor
 from tests.conftest import TenantWorld

@@ -8,10 +8,10 @@ import time
 import pytest
 from django.db import connection, transaction
 
-from serving.control import reconcile as control
 from serving.control.cluster import RayTarget
 from serving.control.serve_api import ServeApiError
-from serving.deployment_models import ReconcileLock
+from serving.deployments import reconcile as control
+from serving.deployments.models import ReconcileLock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

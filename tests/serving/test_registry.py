@@ -13,10 +13,10 @@ from django.conf import settings
 from django.urls import reverse
 
 from portal.exceptions import ConflictError, PayloadTooLarge, ValidationFailed
-from serving import artifacts, selectors, services
 from serving.engine.checkpoint import directory_sha256
-from serving.models import ModelVersion, VersionStatus
-from serving.tasks import validate_version
+from serving.registry import artifacts, selectors, services
+from serving.registry.models import ModelVersion, VersionStatus
+from serving.registry.tasks import validate_version
 from tenants.actors import Actor
 from tenants.models import AuditEvent
 from tests.conftest import TenantWorld, make_world

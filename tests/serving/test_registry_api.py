@@ -15,9 +15,9 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from portal.bodylimit import BodyLimitMiddleware
-from serving import artifacts, services
 from serving.engine.checkpoint import directory_sha256
-from serving.models import ModelVersion, VersionStatus
+from serving.registry import artifacts, services
+from serving.registry.models import ModelVersion, VersionStatus
 from tenants import services as tenant_services
 from tenants.actors import Actor
 from tenants.models import AuditEvent

@@ -10,8 +10,8 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from serving.models import Model, ModelVersion, VersionStatus
-from serving.tasks import validate_version
+from serving.registry.models import Model, ModelVersion, VersionStatus
+from serving.registry.tasks import validate_version
 from tests.conftest import TenantWorld
 from tests.serving.registry_support import checkpoint, hostile_tar, stored_files, tar_of
 

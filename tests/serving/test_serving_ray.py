@@ -17,15 +17,16 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from serving import artifacts, deployments, services
-from serving.control import reconcile as control
 from serving.control.serve_api import AppStatus
-from serving.deployment_models import Deployment, DeploymentStatus, SharedPool
+from serving.deployments import reconcile as control
+from serving.deployments import services as deployments
+from serving.deployments.models import Deployment, DeploymentStatus, SharedPool
 from serving.engine.checkpoint import load_tensors, load_tokenizer
 from serving.engine.config import read_config
 from serving.engine.engine import Engine, SamplingParams
 from serving.engine.model import LlamaModel
 from serving.engine.testing import write_tiny_checkpoint
+from serving.registry import artifacts, services
 from tenants.actors import Actor
 from tenants.models import Quota
 from tests.conftest import TenantWorld
@@ -345,7 +346,7 @@ def test_a_version_that_cannot_load_shows_failed_with_serves_message(
 def test_an_unreachable_cluster_fails_the_run_and_records_why(world_a: TenantWorld) -> None:
     from serving.control.cluster import RayTarget
     from serving.control.serve_api import ServeApiError
-    from serving.deployment_models import ReconcileRun
+    from serving.deployments.models import ReconcileRun
 
     nowhere = RayTarget(
         address="127.0.0.1:1", dashboard_url="http://127.0.0.1:1", serve_url="http://127.0.0.1:1",
@@ -364,7 +365,7 @@ def test_a_stale_config_landing_late_is_found_and_replaced(
     the router running an older revision than the portal applied, and applies the newest."""
     from datetime import timedelta
 
-    from serving.tasks import refresh_deployment_status
+    from serving.deployments.tasks import refresh_deployment_status
 
     deployment = _served(world_a)
     Deployment.objects.exclude(pk=deployment.pk).update(deleted_at=timezone.now())

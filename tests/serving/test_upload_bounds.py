@@ -24,12 +24,12 @@ from django.urls import reverse
 import serving.engine.checkpoint as checkpoint_module
 import serving.engine.model as model_module
 from portal.exceptions import QuotaExceeded
-from serving import artifacts, selectors, services
 from serving.engine.checkpoint import validate_checkpoint
 from serving.engine.config import CheckpointError, human_bytes
 from serving.engine.testing import write_tiny_checkpoint
-from serving.models import ArtifactSource, ModelVersion, VersionStatus
-from serving.tasks import validate_version
+from serving.registry import artifacts, selectors, services
+from serving.registry.models import ArtifactSource, ModelVersion, VersionStatus
+from serving.registry.tasks import validate_version
 from tenants import services as tenant_services
 from tenants.actors import Actor
 from tenants.models import Quota

@@ -12,9 +12,15 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from serving.telemetry.nvml import NvmlProvider
-from serving.telemetry.provider import DeviceSample, GpuProcess, NoGpu, Provider, open_provider
-from serving.telemetry.simulated import MEM_TOTAL, SIMULATED_NAME, SimulatedProvider
+from serving.telemetry.providers.base import (
+    DeviceSample,
+    GpuProcess,
+    NoGpu,
+    Provider,
+    open_provider,
+)
+from serving.telemetry.providers.nvml import NvmlProvider
+from serving.telemetry.providers.simulated import MEM_TOTAL, SIMULATED_NAME, SimulatedProvider
 
 GIB = 1024**3
 FIRST_UUID = "GPU-11111111-2222-3333-4444-555555555555"
@@ -472,7 +478,7 @@ def test_simulated_close_is_idempotent() -> None:
 
 def test_telemetry_imports_nothing_from_django_or_other_apps() -> None:
     forbidden = {"django", "rest_framework", "channels", "celery", "portal", "tenants", "incidents"}
-    room = Path(__file__).resolve().parents[2] / "serving" / "telemetry"
+    room = Path(__file__).resolve().parents[2] / "serving" / "telemetry" / "providers"
     for path in room.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             modules: list[str] = []

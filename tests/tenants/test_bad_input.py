@@ -188,7 +188,7 @@ def _resolve(body: Any, world: TenantWorld) -> Any:
         deployment = world.tenant.serving_deployment_set.get(name="assistant")
         return {**body, "deployment": deployment.pk}
     if isinstance(body, dict) and body.get("version") == "served":
-        from serving.models import ModelVersion
+        from serving.registry.models import ModelVersion
 
         served = ModelVersion.objects.get(tenant=world.tenant, model__name="served")
         return {**body, "version": served.pk}

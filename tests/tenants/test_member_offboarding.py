@@ -12,11 +12,11 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from incidents.consumers import FORBIDDEN
 from portal import ratelimit
 from tenants import services
 from tenants.actors import Actor
 from tenants.auth import token_cache
+from tenants.channels import FORBIDDEN
 from tenants.models import ApiToken, AuditEvent, Invitation, Role
 from tests.conftest import TenantWorld, make_user
 from tests.incidents.test_consumers import ORIGIN, WebsocketCommunicator, session_cookie

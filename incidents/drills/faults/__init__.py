@@ -18,12 +18,12 @@ committed); what a fault measures lives in `run.probes["fault"]` and its timelin
 
 from __future__ import annotations
 
-from incidents.drill_models import FaultKind
 from incidents.drills.faults.base import ActiveFault, guarded
 from incidents.drills.faults.delay import ControlPlaneDelay
 from incidents.drills.faults.flood import TokenStarvation
 from incidents.drills.faults.kv_probe import KvPollutionProbe, drill_probe_key
 from incidents.drills.faults.reload import WeightSwapJitter
+from incidents.drills.models import FaultKind
 
 ACTIVE: dict[str, ActiveFault] = {
     FaultKind.KV_POLLUTION_PROBE: KvPollutionProbe(),

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.conf import settings
 from django.db import DatabaseError
 
-from incidents.drill_models import ChaosDrill, DrillEvent, DrillRun
+from incidents.drills.models import ChaosDrill, DrillEvent, DrillRun
 from portal.exceptions import ValidationFailed
 
 if TYPE_CHECKING:
-    from serving.deployment_models import Deployment
+    from serving.deployments.models import Deployment
 
 T = TypeVar("T")
 

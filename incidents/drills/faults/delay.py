@@ -9,7 +9,6 @@ from typing import Any
 
 from django.conf import settings
 
-from incidents.drill_models import DrillRun
 from incidents.drills.faults.base import (
     DELAY_MEASURE_EVERY_S,
     ActiveFault,
@@ -18,6 +17,7 @@ from incidents.drills.faults.base import (
     _state,
     _store,
 )
+from incidents.drills.models import DrillRun
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +37,11 @@ class ControlPlaneDelay(ActiveFault):
         return json.dumps({"run": run.pk, "delay_ms": delay}, sort_keys=True)
 
     def inject(self, run: DrillRun, now: float) -> str | None:
-        from serving.control.serve_api import control_delay_key
+        from serving.deployments.chaos import control_delay_key
 
         if not settings.REDIS_URL:
             return "aborted: control_plane_delay needs Redis (the delay is a key there)"
-        from incidents.drills import TTL_GRACE_S
+        from incidents.drills.base import TTL_GRACE_S
 
         ttl = int(run.snapshot["duration_s"]) + TTL_GRACE_S
         _store(run, {"expires_at": round(now + ttl, 3), "api_calls": [], "reconciles": [],
@@ -73,7 +73,7 @@ class ControlPlaneDelay(ActiveFault):
     def _reconciles(self, run: DrillRun, state: dict[str, Any]) -> None:
         """Reconciles that finished since the injection (the drill asks for one with each
         measurement), with their durations."""
-        from serving.deployment_models import ReconcileRun
+        from serving.deployments.models import ReconcileRun
 
         if run.injected_at is None:
             return
@@ -94,7 +94,7 @@ class ControlPlaneDelay(ActiveFault):
     def observe(self, run: DrillRun, now: float) -> str | None:
         from django.db import transaction
 
-        from serving.tasks import reconcile
+        from serving.deployments.tasks import reconcile
 
         state = _state(run)
         self._reconciles(run, state)
@@ -106,7 +106,7 @@ class ControlPlaneDelay(ActiveFault):
         return None
 
     def revert(self, run: DrillRun, now: float) -> str:
-        from serving.control.serve_api import control_delay_key
+        from serving.deployments.chaos import control_delay_key
 
         removed = _redis().eval(_DELETE_IF_OURS, 1, control_delay_key(), self._value(run))
         return "delay removed" if removed else "the delay key was already gone (TTL)"

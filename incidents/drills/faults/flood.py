@@ -9,7 +9,6 @@ import random
 import time
 from typing import Any
 
-from incidents.drill_models import ChaosDrill, DrillRun
 from incidents.drills.faults.base import (
     BYSTANDER_EVERY_S,
     FLOOD_STEP_S,
@@ -25,6 +24,7 @@ from incidents.drills.faults.base import (
     _store,
     _whole,
 )
+from incidents.drills.models import ChaosDrill, DrillRun
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class TokenStarvation(ActiveFault):
     def _bystanders(self, run: DrillRun) -> list[tuple[int, str]]:
         """Other tenants' running deployments beside this one: its shared pool's other
         tenants, or (dedicated) others on the same cluster; (id, probe URL)."""
-        from serving.deployment_models import Deployment, DeploymentStatus, KvMode
+        from serving.deployments.models import Deployment, DeploymentStatus, KvMode
 
         revision = run.deployment.current_revision
         others = Deployment.objects.filter(
@@ -85,7 +85,7 @@ class TokenStarvation(ActiveFault):
         return None
 
     def observe(self, run: DrillRun, now: float) -> str | None:
-        from serving.control.reconcile import probe_key
+        from serving.deployments.keys import probe_key
 
         budget = min(FLOOD_STEP_S, _remaining(run, now))
         if budget <= 0.2:

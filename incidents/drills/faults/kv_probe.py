@@ -10,7 +10,6 @@ from typing import Any
 
 from django.conf import settings
 
-from incidents.drill_models import ChaosDrill, DrillRun
 from incidents.drills.faults.base import (
     PROBE_BODY,
     REPLAY_MARGIN_S,
@@ -25,6 +24,7 @@ from incidents.drills.faults.base import (
     _store,
     _whole,
 )
+from incidents.drills.models import ChaosDrill, DrillRun
 from portal.exceptions import ValidationFailed
 
 logger = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class KvPollutionProbe(ActiveFault):
         then the probe identity sends it once (it must not find them)."""
         import httpx
 
-        from serving.control.reconcile import probe_key
+        from serving.deployments.keys import probe_key
 
         params = run.snapshot["parameters"]
         url = _completions_url(run.deployment)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from incidents.drill_models import ChaosDrill, DrillRun
 from incidents.drills.faults.base import (
     ActiveFault,
     _event,
@@ -15,6 +14,7 @@ from incidents.drills.faults.base import (
     _store,
     _whole,
 )
+from incidents.drills.models import ChaosDrill, DrillRun
 from portal.exceptions import ValidationFailed
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class WeightSwapJitter(ActiveFault):
             state["requests"], state["errors"] = window
 
     def observe(self, run: DrillRun, now: float) -> str | None:
-        from serving import deployments
+        from serving.deployments import services as deployments
 
         state = _state(run)
         self._read(run, state, now)
@@ -114,13 +114,11 @@ def _slot_counts(run: DrillRun, since: float, now: float) -> tuple[int, int]:
     """Requests and errors the health ticks stored for the slot between `since` and `now`."""
     from django.db.models import Sum
 
-    from serving.ops_models import Resolution, SliSample
-    from serving.sli_store import as_datetime
+    from serving.ops.selectors import raw_sli_rows
 
-    totals = SliSample.objects.filter(
-        deployment_id=run.deployment_id, group=run.snapshot["group"], resolution=Resolution.RAW,
-        end__gt=as_datetime(since), start__lt=as_datetime(now),
-    ).aggregate(requests=Sum("requests"), errors=Sum("errors"))  # fmt: skip
+    totals = raw_sli_rows(
+        deployment_id=run.deployment_id, group=run.snapshot["group"], since=since, until=now
+    ).aggregate(requests=Sum("requests"), errors=Sum("errors"))
     return int(totals["requests"] or 0), int(totals["errors"] or 0)
 
 

@@ -58,8 +58,8 @@ class Command(BaseCommand):
 
     def enqueue_reconcile(self) -> None:
         """Forced: every router and pool gets the new salts and probe key hashes."""
-        from serving.control.reconcile import has_deployments
-        from serving.tasks import reconcile
+        from serving.deployments.reconcile import has_deployments
+        from serving.deployments.tasks import reconcile
 
         if not has_deployments() and settings.GPU_AGENT_MODE != "ray":
             self.stdout.write("No deployments: nothing to reconcile.")

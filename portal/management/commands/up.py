@@ -138,8 +138,8 @@ class Command(BaseCommand):
     def enqueue_reconcile(self) -> None:
         """One reconcile for the worker to run first: a fresh local head has no Serve apps, and
         an existing cluster may have drifted while the portal was down (unchanged: skipped)."""
-        from serving.control.reconcile import has_deployments
-        from serving.tasks import reconcile
+        from serving.deployments.reconcile import has_deployments
+        from serving.deployments.tasks import reconcile
 
         try:
             if not has_deployments() and settings.GPU_AGENT_MODE != "ray":

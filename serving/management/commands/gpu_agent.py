@@ -12,7 +12,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from serving.gpu_agent import AgentConfig, GpuAgent
+from serving.telemetry.agent import AgentConfig, GpuAgent
 
 
 class Command(BaseCommand):
@@ -65,7 +65,7 @@ class Command(BaseCommand):
     async def relay(self, seconds: float) -> None:
         import redis.asyncio as aioredis
 
-        from serving.gpu_relay import Relay
+        from serving.telemetry.relay import Relay
 
         client = aioredis.Redis.from_url(settings.REDIS_URL)
         relay = Relay(layer=get_channel_layer(), redis_client=client)

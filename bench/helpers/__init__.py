@@ -1,0 +1,1 @@
+"""Child processes of the benchmarks (run as scripts: standard library only)."""

@@ -1,0 +1,1 @@
+"""Notification channels, the broadcast and the signed webhook / e-mail delivery."""

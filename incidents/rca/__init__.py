@@ -1,0 +1,1 @@
+"""Root-cause analysis: evidence, cause rules and hints, postmortems."""

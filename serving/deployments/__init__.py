@@ -1,0 +1,1 @@
+"""Desired state (deployments, revisions, keys, shared pools) and the reconcile loop."""

@@ -1,0 +1,1 @@
+"""The ops loop: SLA contracts, SLI store, health tick, rollouts and rollbacks."""

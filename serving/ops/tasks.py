@@ -1,0 +1,60 @@
+"""Celery tasks of the ops loop: the health tick, rollbacks, SLI pruning."""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+
+from portal.celery import task
+from serving.control.serve_api import ServeApiError
+
+logger = logging.getLogger(__name__)
+
+
+@task(name="serving.health_tick", queue="health", time_limit=30)
+def health_tick() -> dict[str, object]:
+    """Probe, read the replicas' SLI counters, store and evaluate them against the contracts,
+    act on breaches, advance rollouts (beat, every HEALTH_TICK_S)."""
+    from serving.control.cluster import ray_target_from_env
+    from serving.ops import health
+
+    if not settings.REDIS_URL:  # embedded mode: replicas publish their SLIs to Redis only
+        if not getattr(health_tick, "_warned", False):
+            logger.warning("health checks need Redis (REDIS_URL): SLIs are not evaluated")
+            health_tick._warned = True
+        return {"skipped": "no Redis"}
+    try:
+        serve_url: str | None = ray_target_from_env().serve_url
+    except Exception:  # no cluster configured: SLIs and contracts still evaluate
+        serve_url = None
+    return health.tick(serve_url=serve_url if settings.HEALTH_PROBES else None)
+
+
+@task(
+    name="serving.execute_rollback",
+    queue="health",
+    time_limit=60,
+    idempotent=True,
+    autoretry_for=(ServeApiError,),
+    retry_backoff=1,
+    retry_backoff_max=10,
+    max_retries=10,
+)
+def execute_rollback(rollback_id: int) -> str | None:
+    """Run or resume one rollback (idempotent: a re-delivered or re-enqueued task finds the
+    revision already written and only finishes what is left)."""
+    from serving.ops.rollbacks import rollback_execute
+
+    rollback = rollback_execute(rollback_id=rollback_id)
+    return None if rollback is None else rollback.status
+
+
+@task(name="serving.prune_sli_samples", queue="health", time_limit=120)
+def prune_sli_samples() -> dict[str, int]:
+    """Raw SLI rows live an hour, minute rows 30 days."""
+    import time
+
+    from serving.ops.sli_store import prune
+
+    return prune(now=time.time())

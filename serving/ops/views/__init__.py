@@ -1,0 +1,1 @@
+"""The ops pages: contract, health, rollouts."""

@@ -1,0 +1,1 @@
+"""The model registry: models, versions, artifacts and their validation."""

@@ -1,0 +1,1 @@
+"""The registry's REST API."""

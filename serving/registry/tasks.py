@@ -1,0 +1,29 @@
+"""Celery tasks of the registry: validating a version."""
+
+from __future__ import annotations
+
+from portal.celery import task
+from serving.registry import services
+from serving.registry.models import ModelVersion
+
+# Checksumming, loading and one forward pass of a multi-GiB checkpoint on CPU take minutes.
+VALIDATION_TIME_LIMIT_S = 1800
+
+
+@task(
+    name="serving.validate_version",
+    queue="default",
+    time_limit=VALIDATION_TIME_LIMIT_S,
+    idempotent=True,
+)
+def validate_version(version_id: int) -> str | None:
+    """Validate one model version; a missing or already finished version is left alone.
+
+    Acknowledged late, so a worker killed mid-validation hands it to another; the service
+    counts the runs and fails the version after MODEL_VALIDATION_MAX_ATTEMPTS instead of
+    letting one poisonous checkpoint kill worker after worker."""
+    version = ModelVersion.objects.select_related("tenant").filter(pk=version_id).first()
+    if version is None or version.is_final:
+        return None
+    result = services.version_validate(tenant=version.tenant, version_id=version_id)
+    return None if result is None else result.status

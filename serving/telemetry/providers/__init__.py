@@ -1,0 +1,1 @@
+"""GPU metric providers (NVML, or the labelled simulation): Django-free."""

@@ -1,0 +1,14 @@
+"""Celery tasks of GPU telemetry: pruning stored samples."""
+
+from __future__ import annotations
+
+import time
+
+from portal.celery import task
+from serving.telemetry import agent
+
+
+@task(name="serving.prune_gpu_samples", queue="health", time_limit=120)
+def prune_gpu_samples() -> dict[str, int]:
+    """1 s GPU rows live an hour, minute rows 30 days."""
+    return agent.prune(now=time.time())

@@ -1,0 +1,151 @@
+"""Every benchmark still runs: `python -m bench <scenario> --quick --json <tmp>` in a subprocess,
+on the test run's PostgreSQL server and Redis db (DATABASE_URL / REDIS_URL; each bench makes its
+own test_<db>_bench_<scenario> database and clears only its own portal-bench-<scenario> keys).
+
+The figures' presence is checked (keys there, numbers finite), never their values: timing
+belongs to bench/, as ratios measured in the same run (docs: CONVENTIONS). Quick-mode runtimes
+on the 2-core VM: api_list ~6 s, engine ~6 s, prefix ~2 s, gpu_check ~2 s (simulated provider
+without a GPU), health_tick ~9 s, ws_fanout ~17 s; with their own Ray head (marked `ray`):
+router ~24 s, rollback ~51 s, drills ~50 s."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Dotted paths into each scenario's JSON (an integer step indexes a list): its figures.
+FIGURES: dict[str, list[str]] = {
+    "api_list": [
+        "ratio",
+        "scoped.timing.req_per_s",
+        "bare.timing.req_per_s",
+        "scoped.timing.p95_ms",
+        "scoped.queries.pages.1.queries",
+    ],
+    "engine": [
+        "rows.0.ours_tokens_per_s",
+        "rows.0.transformers_tokens_per_s",
+        "rows.0.ratio",
+        "rows.1.ratio",
+    ],
+    "prefix": [
+        "warm_vs_cold_speedup",
+        "median_ttft_ms.cold",
+        "median_ttft_ms.warm",
+        "salt_cost_ab",
+        "salt_cost_direct",
+    ],
+    "gpu_check": [
+        "timings.devices.p50_ms",
+        "timings.processes.p99_ms",
+        "utilisation_repeats.0.identical_share",
+        "violation_count",
+    ],
+    "health_tick": [
+        "sizes.0.tick.p50_ms_per_deployment",
+        "sizes.0.tick_with_probes.p50_ms_per_deployment",
+        "sizes.0.naive.p50_ms_per_deployment",
+        "sizes.0.ratio_tick_to_naive",
+        "sizes.0.sql.tick.queries",
+    ],
+    "ws_fanout": [
+        "runs.0.latency_ms.p50",
+        "runs.0.latency_ms.p99",
+        "runs.0.drops",
+        "runs.1.p99_vs_baseline",
+        "target.layers.pubsub.p99_ms",
+    ],
+    "router": [
+        "bare_ms.p50",
+        "routed_ms.p99",
+        "canary_ms.p50",
+        "added_ms.p50",
+        "canary_added_ms.p50",
+        "router_logic_us",
+    ],
+    "rollback": [
+        "detection_s.p50",
+        "detection_s.p95",
+        "switch_client_s.p95",
+        "switch_portal_s.p50",
+        "runs.0.reconcile_s",
+    ],
+    "drills": [
+        "kinds.0.mttd_p50_s",
+        "kinds.0.mttr_p50_s",
+        "kinds.0.score_p50",
+        "runs.0.mttd_s",
+        "runtime_s",
+    ],
+}
+TIMEOUT_S = {"router": 240, "rollback": 300, "drills": 360}
+
+
+def figure(result: Any, dotted: str) -> Any:
+    value = result
+    for step in dotted.split("."):
+        value = value[int(step)] if isinstance(value, list) else value[step]
+    return value
+
+
+def run_quick(scenario: str, tmp_path: Path) -> dict[str, Any]:
+    out = tmp_path / f"{scenario}.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PORTAL_TEST"))}
+    db = settings.DATABASES["default"]
+    # The base database of this test run (pytest-django renamed `NAME` to its test database).
+    base = db.get("TEST", {}).get("NAME") or db["NAME"]
+    base = base.removeprefix("test_")
+    env["DATABASE_URL"] = os.environ.get(
+        "DATABASE_URL", f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{base}"
+    )
+    env["REDIS_URL"] = os.environ.get("REDIS_URL", settings.REDIS_URL)
+    completed = subprocess.run(  # noqa: S603 (this interpreter, a fixed module)
+        [sys.executable, "-m", "bench", scenario, "--quick", "--json", str(out)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S.get(scenario, 180),
+        check=False,
+    )
+    tail = (completed.stdout + completed.stderr)[-4000:]
+    assert completed.returncode == 0, f"{scenario} exited {completed.returncode}:\n{tail}"
+    assert out.exists(), f"{scenario} wrote no results:\n{tail}"
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == scenario
+    for dotted in FIGURES[scenario]:
+        value = figure(result, dotted)
+        assert isinstance(value, int | float) and not isinstance(value, bool), (dotted, value)
+        assert math.isfinite(value), (dotted, value)
+    return result
+
+
+@pytest.mark.parametrize("scenario", ["api_list", "engine", "prefix", "health_tick", "ws_fanout"])
+def test_quick_bench(scenario: str, tmp_path: Path) -> None:
+    run_quick(scenario, tmp_path)
+
+
+def test_quick_gpu_check(tmp_path: Path) -> None:
+    result = run_quick("gpu_check", tmp_path)
+    # Without a GPU it runs against the simulated provider, and says so.
+    assert result["simulated"] == (result["provider"] == "simulated")
+    if result["simulated"]:
+        assert all("Simulated" in d["name"] for d in result["devices"])
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.parametrize("scenario", ["router", "rollback", "drills"])
+def test_quick_bench_with_ray(scenario: str, tmp_path: Path) -> None:
+    """Each starts its own Ray head (127.0.0.1, fresh ports, never 6379; stopped by PID)."""
+    run_quick(scenario, tmp_path)

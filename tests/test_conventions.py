@@ -118,7 +118,7 @@ def test_data_plane_and_engine_import_no_django(room: str) -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("serving."):
                 assert node.module.startswith(
-                    ("serving.dataplane", "serving.engine", "serving.telemetry")
+                    ("serving.dataplane", "serving.engine", "serving.telemetry", "serving.control")
                 ), rel
 
 

@@ -123,3 +123,32 @@ def object_of(model_label: str, world: Any) -> Any:
     model = apps.get_model(model_label)
     found = model.objects.filter(tenant=world.tenant).order_by("id").first()
     return found if found is not None else build_object_of(model, world)
+
+
+def model_of(route: Route) -> Any:
+    """The model behind a route (its view's queryset), or None for a view without one."""
+    queryset = getattr(route.view_class, "queryset", None)
+    return None if queryset is None else queryset.model
+
+
+def kwargs_of(route: Route, world: Any) -> dict[str, Any]:
+    """URL kwargs naming one of `world`'s objects (and, for nested routes, its parents)."""
+    from tenants.models import Tenant
+
+    if not route.kwargs:
+        return {}
+    model = model_of(route)
+    assert model is not None, f"{route.view_class.__name__} must declare queryset"
+    if model is Tenant:
+        return {route.lookup_kwarg: getattr(world.tenant, route.view_class.lookup_field)}
+    obj = model.objects.filter(tenant=world.tenant).order_by("id").first()
+    assert obj is not None, f"no object of the tenant for {model.__name__}: extend make_world"
+    kwargs: dict[str, Any] = {}
+    if route.detail:
+        field = route.view_class.lookup_field
+        kwargs[route.lookup_kwarg] = getattr(obj, "pk" if field == "pk" else field)
+    parents = getattr(route.view_class, "parent_lookups", {})
+    for name in route.parent_kwargs:
+        assert name in parents, f"{route.view_class.__name__} must map {name!r} in parent_lookups"
+        kwargs[name] = getattr(obj, parents[name])
+    return kwargs

@@ -345,7 +345,7 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
         _demo_deployment(portal.output)
         assert "Ray is off (PORTAL_RAY=off): the deployment stays pending." in portal.output
         portal.wait_for_output(
-            r"Task serving\.tasks\.reconcile\[[^]]+\] retry: .*ServeApiError", timeout=30
+            r"Task serving\.reconcile\[[^]]+\] retry: .*ServeApiError", timeout=30
         )
         assert portal.deployment_status("demo") == "pending"
 

@@ -16,8 +16,8 @@ from django.db import models
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from tenants.models import AuditEvent, Tenant
-from tests.api_routes import Route, api_routes
+from tenants.models import AuditEvent
+from tests.api_routes import Route, api_routes, kwargs_of, model_of
 from tests.conftest import TenantWorld
 
 pytestmark = pytest.mark.django_db
@@ -42,29 +42,9 @@ def test_the_matrix_sees_the_api() -> None:
 
 
 def _model_of(route: Route) -> type[models.Model]:
-    queryset = getattr(route.view_class, "queryset", None)
-    assert queryset is not None, f"{route.view_class.__name__} must declare queryset"
-    return queryset.model
-
-
-def _kwargs_of_a(route: Route, world_a: TenantWorld) -> dict[str, Any]:
-    """URL kwargs naming one of A's objects (and, for nested routes, its parents)."""
-    if not route.kwargs:
-        return {}
-    model = _model_of(route)
-    if model is Tenant:
-        return {route.lookup_kwarg: getattr(world_a.tenant, route.view_class.lookup_field)}
-    obj = model.objects.filter(tenant=world_a.tenant).order_by("id").first()
-    assert obj is not None, f"no object of tenant A for {model.__name__}: extend make_world"
-    kwargs: dict[str, Any] = {}
-    if route.detail:
-        field = route.view_class.lookup_field
-        kwargs[route.lookup_kwarg] = getattr(obj, "pk" if field == "pk" else field)
-    parents = getattr(route.view_class, "parent_lookups", {})
-    for name in route.parent_kwargs:
-        assert name in parents, f"{route.view_class.__name__} must map {name!r} in parent_lookups"
-        kwargs[name] = getattr(obj, parents[name])
-    return kwargs
+    model = model_of(route)
+    assert model is not None, f"{route.view_class.__name__} must declare queryset"
+    return model
 
 
 def _a_markers(world_a: TenantWorld) -> list[str]:
@@ -108,7 +88,7 @@ def _hostile_body(world_a: TenantWorld) -> dict[str, Any]:
 
 @pytest.mark.parametrize("route", [r for r in SCOPED if r.detail], ids=lambda r: r.name)
 def test_b_cannot_touch_a_objects(route: Route, world_a: TenantWorld, world_b: TenantWorld) -> None:
-    url = reverse(route.name, kwargs=_kwargs_of_a(route, world_a))
+    url = reverse(route.name, kwargs=kwargs_of(route, world_a))
     before = AuditEvent.objects.filter(tenant=world_a.tenant).count()
     for who, client in _clients(world_b, world_a).items():
         for method in route.methods:
@@ -126,7 +106,7 @@ def test_b_cannot_touch_a_objects(route: Route, world_a: TenantWorld, world_b: T
 def test_b_lists_and_creates_see_and_touch_nothing_of_a(
     route: Route, world_a: TenantWorld, world_b: TenantWorld
 ) -> None:
-    url = reverse(route.name, kwargs=_kwargs_of_a(route, world_a))
+    url = reverse(route.name, kwargs=kwargs_of(route, world_a))
     model = _model_of(route)
     a_rows = (
         model.objects.filter(tenant=world_a.tenant).count()
@@ -154,7 +134,7 @@ def test_b_lists_and_creates_see_and_touch_nothing_of_a(
 
 @pytest.mark.parametrize("route", SCOPED, ids=lambda r: r.name)
 def test_anonymous_is_refused_everywhere(route: Route, world_a: TenantWorld) -> None:
-    url = reverse(route.name, kwargs=_kwargs_of_a(route, world_a))
+    url = reverse(route.name, kwargs=kwargs_of(route, world_a))
     for method in route.methods:
         response = _send(APIClient(), method, url)
         assert response.status_code in (401, 403), (method, url, response.status_code)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,8 @@ from tenants.api.base import TenantScopedMixin
 from tenants.models import Tenant
 from tenants.scoping import TenantOwned
 from tests.api_routes import api_routes
+from tests.support.ast_scan import ROOT, imports_of, product_files
 
-ROOT = Path(__file__).resolve().parents[1]
 PROJECT_APPS = ("portal", "tenants", "serving", "incidents")
 
 # API views that are deliberately not tenant-scoped, each with its reason.
@@ -87,26 +86,23 @@ def test_every_beat_entry_names_a_real_task() -> None:
 
 
 def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+    """Top-level package of every import, lazy, relative and importlib ones included."""
+    return {module.split(".")[0] for _, module in imports_of(path)}
 
 
 def _python_files(*folders: str) -> list[Path]:
-    files: list[Path] = []
-    for folder in folders:
-        files.extend(p for p in (ROOT / folder).rglob("*.py") if "migrations" not in p.parts)
-    return files
+    return product_files(*folders)
 
 
 @pytest.mark.parametrize(
     "room",
-    ["serving/dataplane", "serving/engine", "serving/telemetry/providers", "serving/control"],
+    [
+        "serving/dataplane",
+        "serving/engine",
+        "serving/slo",
+        "serving/telemetry/providers",
+        "serving/control",
+    ],
 )
 def test_data_plane_and_engine_import_no_django(room: str) -> None:
     """What runs inside Ray: the data plane, the engine, and the GPU providers (the node
@@ -115,11 +111,17 @@ def test_data_plane_and_engine_import_no_django(room: str) -> None:
     for path in _python_files(room):
         rel = path.relative_to(ROOT).as_posix()
         assert not _imports(path) & forbidden, f"{rel} imports {_imports(path) & forbidden}"
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("serving."):
-                assert node.module.startswith(
-                    ("serving.dataplane", "serving.engine", "serving.telemetry", "serving.control")
-                ), rel
+        for line, module in imports_of(path):
+            if module.startswith("serving."):
+                assert module.startswith(
+                    (
+                        "serving.dataplane",
+                        "serving.engine",
+                        "serving.slo",
+                        "serving.telemetry.providers",
+                        "serving.control",
+                    )
+                ), f"{rel}:{line} imports {module}"
 
 
 @pytest.mark.parametrize(

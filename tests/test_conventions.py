@@ -90,8 +90,24 @@ def _imports(path: Path) -> set[str]:
     return {module.split(".")[0] for _, module in imports_of(path)}
 
 
-def _python_files(*folders: str) -> list[Path]:
-    return product_files(*folders)
+def test_the_import_scanner_sees_lazy_relative_and_importlib_imports(tmp_path: Path) -> None:
+    """The rules below are only as good as what the scanner sees."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import importlib\n"
+        "def f():\n"
+        "    from incidents import services\n"
+        "    from . import rollouts\n"
+        "    from ..deployments import models\n"
+        "    return importlib.import_module('incidents.breaches')\n"
+    )
+    seen = {module for _, module in imports_of(probe, "serving.ops.probe")}
+    assert {
+        "incidents.services",
+        "serving.ops.rollouts",
+        "serving.deployments.models",
+        "incidents.breaches",
+    } <= seen
 
 
 @pytest.mark.parametrize(
@@ -108,7 +124,7 @@ def test_data_plane_and_engine_import_no_django(room: str) -> None:
     """What runs inside Ray: the data plane, the engine, and the GPU providers (the node
     samplers of GPU_AGENT_MODE=ray read them there)."""
     forbidden = {"django", "rest_framework", "channels", "celery", "portal", "tenants", "incidents"}
-    for path in _python_files(room):
+    for path in product_files(room):
         rel = path.relative_to(ROOT).as_posix()
         assert not _imports(path) & forbidden, f"{rel} imports {_imports(path) & forbidden}"
         for line, module in imports_of(path):
@@ -128,7 +144,7 @@ def test_data_plane_and_engine_import_no_django(room: str) -> None:
     ("module", "allowed_room"), [("ray", "serving/control"), ("pynvml", "serving/telemetry")]
 )
 def test_hardware_and_ray_imports_stay_in_their_room(module: str, allowed_room: str) -> None:
-    for path in _python_files(*PROJECT_APPS):
+    for path in product_files(*PROJECT_APPS):
         rel = path.relative_to(ROOT).as_posix()
         if rel.startswith(("serving/dataplane", "serving/engine")) and module == "ray":
             continue  # data-plane code runs inside Ray and may import it

@@ -138,7 +138,7 @@ class CountingConnection(redis.Connection):
 
 
 def counting_redis() -> redis.Redis:
-    """A fresh client, as `health._redis()` makes one per tick, that counts its round trips."""
+    """A fresh client, as `health_redis()` makes one a tick, that counts its round trips."""
     pool = redis.ConnectionPool.from_url(settings.REDIS_URL, connection_class=CountingConnection)
     return redis.Redis(connection_pool=pool)
 
@@ -1061,7 +1061,7 @@ def main(argv: list[str] | None = None) -> int:
         with BenchSession("health_tick") as session:
             test_name = session.database()
             session.redis()
-            assert health._keys()["sli"] == f"{BENCH_PREFIX}:sli"
+            assert health.health_keys()["sli"] == f"{BENCH_PREFIX}:sli"
             probe_server, serve_url = start_probe_server()
             session.callback(probe_server.wait, 10)
             session.callback(probe_server.terminate)

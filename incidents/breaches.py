@@ -12,7 +12,7 @@ from typing import Any
 from django.db import transaction
 
 from incidents import services as incidents
-from incidents.drills.services import active_run_id
+from incidents.drills.selectors import active_run_id
 from portal.exceptions import ConflictError
 from serving.ops.events import SlotAlerts
 from serving.ops.models import Rollback, Rollout
@@ -70,23 +70,31 @@ def handle_firing(event: SlotAlerts) -> list[dict[str, Any]]:
             if alert.action == "rollback" and not rolled_back and incident.rollback_id is None:
                 if group == "stable" and has_canary:
                     incidents.incident_event_append(
-                        tenant=tenant, incident=incident, kind="note",
+                        tenant=tenant,
+                        incident=incident,
+                        kind="note",
                         message="the stable slot is breaching: rolling back the canary would "
                         "not change its version, so no rollback was started",
-                    )  # fmt: skip
+                    )
                 else:
                     try:
                         rollback, created = rollback_request(
-                            tenant=tenant, deployment=deployment, trigger="breach",
-                            reason=alert.detail, detected_at=detected_at, enqueue=False,
-                        )  # fmt: skip
+                            tenant=tenant,
+                            deployment=deployment,
+                            trigger="breach",
+                            reason=alert.detail,
+                            detected_at=detected_at,
+                            enqueue=False,
+                        )
                         if created:
                             to_run.append(rollback.pk)
                     except ConflictError as exc:
                         incidents.incident_event_append(
-                            tenant=tenant, incident=incident, kind="note",
+                            tenant=tenant,
+                            incident=incident,
+                            kind="note",
                             message=f"no rollback: {exc.message}",
-                        )  # fmt: skip
+                        )
                     else:
                         incidents.incident_link_rollback(
                             tenant=tenant, incident=incident, rollback=rollback
@@ -118,11 +126,18 @@ def rollout_failed(
     deployment = rollout.deployment
     action = "pause" if rollback is None else "rollback"
     _, incident, _ = incidents.breach_record(
-        tenant=deployment.tenant, deployment=deployment, group="canary",
-        objective="canary-analysis", kind="analysis", severity="page", action=action,
-        detail=f"canary analysis failed: {summary}", observed={"rollout": rollout.pk},
-        detected_at=detected_at, contract_version=contract_version,
-    )  # fmt: skip
+        tenant=deployment.tenant,
+        deployment=deployment,
+        group="canary",
+        objective="canary-analysis",
+        kind="analysis",
+        severity="page",
+        action=action,
+        detail=f"canary analysis failed: {summary}",
+        observed={"rollout": rollout.pk},
+        detected_at=detected_at,
+        contract_version=contract_version,
+    )
     if rollback is None:
         return {"incident": incident.pk}
     incidents.incident_link_rollback(tenant=deployment.tenant, incident=incident, rollback=rollback)

@@ -174,9 +174,11 @@ def incident_note(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse
     if form.is_valid():
         try:
             services.incident_note(
-                tenant=tenant, actor=Actor(user=request.user), incident=incident,
+                tenant=tenant,
+                actor=Actor(user=request.user),
+                incident=incident,
                 text=form.cleaned_data["text"],
-            )  # fmt: skip
+            )
         except PortalError as exc:
             form.add_error("text", exc.message)
         else:

@@ -48,8 +48,9 @@ def unavailable_response(request: HttpRequest, exc: Exception) -> HttpResponse |
     what = _unavailable(exc)
     if what is None:
         return None
-    logger.warning("%s %s: %s is unavailable (%s)", request.method, request.path, what,
-                   type(exc).__name__)  # fmt: skip
+    logger.warning(
+        "%s %s: %s is unavailable (%s)", request.method, request.path, what, type(exc).__name__
+    )
     message = f"{what} is unavailable right now; retry in a few seconds."
     response: HttpResponse
     if request.path.startswith("/api/"):

@@ -70,9 +70,15 @@ async def serve_with_agent(host: str, port: int) -> None:
     from serving.telemetry.agent import AgentConfig, GpuAgent
 
     config = uvicorn.Config(
-        application, host=host, port=port, lifespan="off", server_header=False,
-        proxy_headers=True, log_config=log_config(), ws_max_size=ws_max_size(),
-    )  # fmt: skip
+        application,
+        host=host,
+        port=port,
+        lifespan="off",
+        server_header=False,
+        proxy_headers=True,
+        log_config=log_config(),
+        ws_max_size=ws_max_size(),
+    )
     agent_config = AgentConfig(hz=settings.GPU_AGENT_HZ, simulate=settings.GPU_AGENT_SIMULATE)
     if settings.GPU_AGENT_NODE:
         agent_config.node = settings.GPU_AGENT_NODE

@@ -10,7 +10,7 @@ class ServingConfig(AppConfig):
         from serving.control import host
         from serving.deployments import gates
         from serving.deployments.chaos import injected_delay
-        from serving.ops.rollouts import gate_for
+        from serving.ops.analysis import gate_for
         from serving.registry import selectors as registry
         from tenants import usage
         from tenants.signals import tenant_suspension_changed

@@ -18,9 +18,11 @@ class TenantAdmin(admin.ModelAdmin):
             obj.is_active = not wanted
             super().save_model(request, obj, form, change)
             services.tenant_set_suspended(
-                tenant=obj, actor=Actor(user=request.user), suspended=not wanted,
+                tenant=obj,
+                actor=Actor(user=request.user),
+                suspended=not wanted,
                 reason="changed in the admin",
-            )  # fmt: skip
+            )
             obj.is_active = wanted
             return
         super().save_model(request, obj, form, change)
@@ -29,9 +31,11 @@ class TenantAdmin(admin.ModelAdmin):
     def suspend(self, request, queryset):  # type: ignore[no-untyped-def]
         for tenant in queryset:
             services.tenant_set_suspended(
-                tenant=tenant, actor=Actor(user=request.user), suspended=True,
+                tenant=tenant,
+                actor=Actor(user=request.user),
+                suspended=True,
                 reason="suspended in the admin",
-            )  # fmt: skip
+            )
 
     @admin.action(description="Reinstate the selected tenants")
     def reinstate(self, request, queryset):  # type: ignore[no-untyped-def]

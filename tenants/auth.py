@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from portal import ratelimit
 from tenants import selectors, services
 from tenants.models import ROLE_SCOPES, ApiToken, Scope
+from tenants.secrets import TOKEN_PREFIX, hash_secret
 
 
 class TokenCache:
@@ -109,9 +110,9 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         if len(header) != 2:
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'.")
         raw = header[1]
-        if not raw.startswith(services.TOKEN_PREFIX):
+        if not raw.startswith(TOKEN_PREFIX):
             raise exceptions.AuthenticationFailed("Unknown token format.")
-        token_hash = services.hash_secret(raw)
+        token_hash = hash_secret(raw)
         token = token_cache.get(token_hash)
         if token is None:
             token = selectors.api_token_find(token_hash=token_hash)

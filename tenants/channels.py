@@ -8,9 +8,13 @@ from channels.db import database_sync_to_async
 
 from tenants import selectors
 from tenants.models import Membership, Tenant
-from tenants.services import member_group
 
 FORBIDDEN = 4403
+
+
+def member_group(tenant_id: int, user_id: int) -> str:
+    """The Channels group every tenant-scoped socket of one member joins (to be closed)."""
+    return f"tenant-{tenant_id}.user-{user_id}"
 
 
 def member_tenant_id(user: Any, slug: str) -> int | None:

@@ -9,7 +9,7 @@ from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Quota, Role, Tenant
-from tenants.services import hash_secret
+from tenants.secrets import hash_secret
 
 
 def tenant_list_for_user(*, user: User | AnonymousUser) -> QuerySet[Tenant]:

@@ -18,7 +18,7 @@ from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
 from portal.exceptions import PortalError
-from tenants import forms, selectors, services, usage
+from tenants import forms, links, selectors, services, throttles, usage
 from tenants.api.base import SESSION_TENANT_KEY
 from tenants.models import ApiToken, Invitation, Membership, Scope, Tenant
 from tenants.pages import page_actor, tenant_page
@@ -64,7 +64,7 @@ def signup(request: HttpRequest) -> HttpResponse:
         return render(request, "tenants/signup.html", {"closed": True}, status=403)
     form = forms.SignupForm(request.POST or None)
     if request.method == "POST":
-        wait = services.signup_throttle(ip=services.client_ip(request.META))
+        wait = throttles.signup_throttle(ip=throttles.client_ip(request.META))
         if wait > 0:
             return _throttled(request, "tenants/signup.html", {"form": form}, wait)
     if request.method == "POST" and form.is_valid():
@@ -97,8 +97,8 @@ class ThrottledLoginView(auth_views.LoginView):
     gets 429 with Retry-After and its password is never checked."""
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        wait = services.login_throttle(
-            email=str(request.POST.get("username", "")), ip=services.client_ip(request.META)
+        wait = throttles.login_throttle(
+            email=str(request.POST.get("username", "")), ip=throttles.client_ip(request.META)
         )
         if wait > 0:
             context = self.get_context_data(form=self.get_form_class()(request))
@@ -179,7 +179,7 @@ def members(request: HttpRequest, tenant: Tenant) -> HttpResponse:
             except PortalError as exc:
                 _form_errors(invite_form, exc)
             else:
-                invite_url = services.invitation_accept_url(raw)
+                invite_url = links.invitation_accept_url(raw)
                 messages.success(
                     request, f"Invitation sent to {invite_form.cleaned_data['email']}."
                 )

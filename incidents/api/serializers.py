@@ -11,7 +11,7 @@ from rest_framework import serializers
 from incidents.models import CauseRule, Incident, IncidentEvent, RuleOp, Severity, SlaBreach
 from incidents.notifications.models import ChannelKind, NotificationChannel
 from incidents.rca.evidence import SIGNAL_NAMES
-from incidents.services import NOTE_MAX_CHARS
+from incidents.services.incidents import NOTE_MAX_CHARS
 from serving.ops.models import Rollback
 
 

@@ -20,16 +20,9 @@ from incidents.drills.base import (
     TTL_GRACE_S,
 )
 from incidents.drills.catalogue import BLAST_RADIUS, CATALOGUE, PROBE_SLIS, Fault, catalogue
-from incidents.drills.engine import _note_detection, fault_entry, run_advance
-from incidents.drills.services import (
-    active_run_id,
-    drill_create,
-    drill_delete,
-    drill_update,
-    run_start,
-    run_stop,
-    runs_to_resume,
-)
+from incidents.drills.engine import fault_entry, note_detection, run_advance
+from incidents.drills.selectors import active_run_id, runs_to_resume
+from incidents.drills.services import drill_create, drill_delete, drill_update, run_start, run_stop
 from incidents.drills.steady import measure, steady_state
 
 __all__ = [
@@ -43,7 +36,7 @@ __all__ = [
     "STEP_S",
     "TTL_GRACE_S",
     "Fault",
-    "_note_detection",
+    "note_detection",
     "active_run_id",
     "catalogue",
     "drill_create",

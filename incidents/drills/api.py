@@ -31,10 +31,23 @@ class DrillSerializer(serializers.ModelSerializer):
     class Meta:
         model = ChaosDrill
         fields = [
-            "id", "name", "description", "deployment", "fault", "parameters", "group",
-            "replica_share", "traffic_share", "duration_s", "steady_state", "abort_conditions",
-            "schedule", "revert", "is_active", "created_at",
-        ]  # fmt: skip
+            "id",
+            "name",
+            "description",
+            "deployment",
+            "fault",
+            "parameters",
+            "group",
+            "replica_share",
+            "traffic_share",
+            "duration_s",
+            "steady_state",
+            "abort_conditions",
+            "schedule",
+            "revert",
+            "is_active",
+            "created_at",
+        ]
         read_only_fields = fields
 
 
@@ -69,11 +82,31 @@ class DrillRunSerializer(serializers.ModelSerializer):
     class Meta:
         model = DrillRun
         fields = [
-            "id", "drill", "deployment", "fault", "status", "trigger", "created_at",
-            "started_at", "injected_at", "detected_at", "mitigated_at", "reverted_at",
-            "finished_at", "mttd_s", "mttr_s", "incident", "fault_revision", "revert_revision",
-            "deviated", "stop_requested", "verdict", "resilience_score", "probes", "snapshot",
-        ]  # fmt: skip
+            "id",
+            "drill",
+            "deployment",
+            "fault",
+            "status",
+            "trigger",
+            "created_at",
+            "started_at",
+            "injected_at",
+            "detected_at",
+            "mitigated_at",
+            "reverted_at",
+            "finished_at",
+            "mttd_s",
+            "mttr_s",
+            "incident",
+            "fault_revision",
+            "revert_revision",
+            "deviated",
+            "stop_requested",
+            "verdict",
+            "resilience_score",
+            "probes",
+            "snapshot",
+        ]
         read_only_fields = fields
 
 
@@ -97,8 +130,12 @@ class DrillViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
 
     queryset = ChaosDrill.objects.none()
     serializer_class = DrillSerializer
-    action_scopes = {"create": Scope.DEPLOY, "partial_update": Scope.DEPLOY,
-                     "destroy": Scope.DEPLOY, "runs": Scope.DEPLOY}  # fmt: skip
+    action_scopes = {
+        "create": Scope.DEPLOY,
+        "partial_update": Scope.DEPLOY,
+        "destroy": Scope.DEPLOY,
+        "runs": Scope.DEPLOY,
+    }
 
     def scoped_queryset(self, tenant: Tenant) -> Any:
         return ChaosDrill.objects.filter(tenant=tenant).order_by("name")

@@ -20,15 +20,15 @@ CATCH_UP_MAX_S = 300  # and the rows since the previous step, this far back at m
 RESUME_AFTER_S = 15
 
 
-def _event(run: DrillRun, kind: str, message: str, **data: Any) -> DrillEvent:
+def record_event(run: DrillRun, kind: str, message: str, **data: Any) -> DrillEvent:
     return DrillEvent.objects.create(
         tenant_id=run.tenant_id, run=run, kind=kind, message=message, data=data
     )
 
 
-def _dt(ts: float) -> datetime:
+def to_datetime(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=UTC)
 
 
-def _actor(run: DrillRun) -> Actor:
+def run_actor(run: DrillRun) -> Actor:
     return Actor(system=f"drill run {run.pk}")

@@ -122,17 +122,22 @@ def catalogue() -> list[dict[str, Any]]:
                 params[name] = {"choices": list(rule), "default": rule[0]}
             else:
                 params[name] = {"min": rule[0], "max": rule[1], "default": rule[2]}
-        out.append({
-            "fault": str(kind), "title": fault.title, "description": fault.description,
-            "parameters": params, "blast_radius": BLAST_RADIUS[fault.blast],
-        })  # fmt: skip
+        out.append(
+            {
+                "fault": str(kind),
+                "title": fault.title,
+                "description": fault.description,
+                "parameters": params,
+                "blast_radius": BLAST_RADIUS[fault.blast],
+            }
+        )
     return out
 
 
 PROBE_SLIS = {"error_rate": "max", "availability": "min", "latency_p95_ms": "max", "rps": "min"}
 
 
-def _check_parameters(fault: str, raw: Any) -> dict[str, Any]:
+def check_parameters(fault: str, raw: Any) -> dict[str, Any]:
     if fault not in CATALOGUE:
         raise ValidationFailed(f"must be one of {', '.join(CATALOGUE)}.", field="fault")
     spec = CATALOGUE[fault].parameters
@@ -166,7 +171,7 @@ def _check_parameters(fault: str, raw: Any) -> dict[str, Any]:
     return out
 
 
-def _check_steady_state(raw: Any) -> dict[str, Any]:
+def check_steady_state(raw: Any) -> dict[str, Any]:
     raw = raw or {}
     if not isinstance(raw, dict) or set(raw) - {"contract", "probes"}:
         raise ValidationFailed("give {contract: bool, probes: [...]}.", field="steady_state")
@@ -195,7 +200,7 @@ def _check_steady_state(raw: Any) -> dict[str, Any]:
     return {"contract": contract, "probes": probes}
 
 
-def _check_abort(raw: Any) -> dict[str, Any]:
+def check_abort(raw: Any) -> dict[str, Any]:
     raw = raw or {}
     if not isinstance(raw, dict) or set(raw) - {"burn_rate_above", "error_rate_above"}:
         raise ValidationFailed(
@@ -214,7 +219,7 @@ def _check_abort(raw: Any) -> dict[str, Any]:
     return out
 
 
-def _check_schedule(raw: Any) -> str:
+def check_schedule(raw: Any) -> str:
     schedule = " ".join(str(raw or "").split())
     if not schedule:
         return ""

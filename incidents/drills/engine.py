@@ -10,10 +10,17 @@ from django.db import transaction
 
 from incidents.drills import faults as drill_faults
 from incidents.drills import policy
-from incidents.drills.base import RECOVERY_WAIT_S, STEP_S, TTL_GRACE_S, _actor, _dt, _event
+from incidents.drills.base import (
+    RECOVERY_WAIT_S,
+    STEP_S,
+    TTL_GRACE_S,
+    record_event,
+    run_actor,
+    to_datetime,
+)
 from incidents.drills.catalogue import CATALOGUE
 from incidents.drills.models import DrillRun, DrillStatus, RevertStrategy
-from incidents.drills.steady import _firing, measure, steady_state
+from incidents.drills.steady import firing_alerts, measure, steady_state
 from incidents.models import Incident
 from portal.exceptions import ValidationFailed
 from tenants.services import audit_record
@@ -34,7 +41,7 @@ def run_advance(run_id: int, now: float | None = None) -> float | None:
         # Probes judge the rows since the previous step as well: a step that comes late (a
         # busy or restarted worker) must not miss a deviation that ended in between.
         run.previous_step_at = run.stepped_at.timestamp() if run.stepped_at else None
-        run.stepped_at = _dt(now)
+        run.stepped_at = to_datetime(now)
         step = {
             DrillStatus.SCHEDULED: _start,
             DrillStatus.CHECKING: _check,
@@ -48,25 +55,31 @@ def run_advance(run_id: int, now: float | None = None) -> float | None:
 
 
 def _start(run: DrillRun, now: float) -> float:
-    run.started_at = _dt(now)
+    run.started_at = to_datetime(now)
     run.status = DrillStatus.CHECKING
-    _event(run, "checking", "checking the steady state before injecting")
+    record_event(run, "checking", "checking the steady state before injecting")
     return 0.0
 
 
 def _check(run: DrillRun, now: float) -> float | None:
     held, results = steady_state(run, now)
-    _event(run, "steady_state", "steady state " + ("holds" if held else "does NOT hold"),
-           probes=results)  # fmt: skip
+    record_event(
+        run,
+        "steady_state",
+        "steady state " + ("holds" if held else "does NOT hold"),
+        probes=results,
+    )
     if policy.suspended(run):
-        _finish(run, DrillStatus.ABORTED, "aborted: the tenant was suspended; nothing was "
-                "injected")  # fmt: skip
+        _finish(run, DrillStatus.ABORTED, "aborted: the tenant was suspended; nothing was injected")
         return None
     if run.stop_requested or not held:
-        _finish(run, DrillStatus.ABORTED,
-                "stopped before injecting" if run.stop_requested
-                else "aborted: the steady state did not hold before injecting; nothing "
-                "was injected")  # fmt: skip
+        _finish(
+            run,
+            DrillStatus.ABORTED,
+            "stopped before injecting"
+            if run.stop_requested
+            else "aborted: the steady state did not hold before injecting; nothing was injected",
+        )
         return None
     run.status = DrillStatus.INJECTING
     return 0.0
@@ -100,13 +113,21 @@ def _inject(run: DrillRun, now: float) -> float:
         failed: str | None = "aborted: the fault could not go in"
         reason = drill_faults.guarded(run, "inject", lambda: active.inject(run, now), failed)
         if reason is None:
-            audit_record(tenant=run.deployment.tenant, actor=_actor(run),
-                         action="drill.fault_injected", obj=run,
-                         after={"fault": run.fault, **run.snapshot["parameters"]})  # fmt: skip
-            run.injected_at = _dt(now)
+            audit_record(
+                tenant=run.deployment.tenant,
+                actor=run_actor(run),
+                action="drill.fault_injected",
+                obj=run,
+                after={"fault": run.fault, **run.snapshot["parameters"]},
+            )
+            run.injected_at = to_datetime(now)
             run.status = DrillStatus.OBSERVING
-            _event(run, "injected", f"{run.fault} injected on the control side (no revision)",
-                   parameters=run.snapshot["parameters"])  # fmt: skip
+            record_event(
+                run,
+                "injected",
+                f"{run.fault} injected on the control side (no revision)",
+                parameters=run.snapshot["parameters"],
+            )
             drill_faults.guarded(run, "injected", lambda: active.injected(run, now), None)
             return STEP_S
     if reason is not None:
@@ -116,27 +137,36 @@ def _inject(run: DrillRun, now: float) -> float:
     revision = run.deployment.current_revision
     current = dict(revision.faults or {}) if revision is not None else {}
     if current.get(group):
-        _finish(run, DrillStatus.ABORTED,
-                f"aborted: the {group} slot already has faults {sorted(current[group])}; a "
-                "drill injects into a clean slot only")  # fmt: skip
+        _finish(
+            run,
+            DrillStatus.ABORTED,
+            f"aborted: the {group} slot already has faults {sorted(current[group])}; a "
+            "drill injects into a clean slot only",
+        )
         return 0.0
     entry = fault_entry(run, now)
     try:
         run.fault_revision = deployments.deployment_change(
-            tenant=run.deployment.tenant, actor=_actor(run), deployment=run.deployment,
+            tenant=run.deployment.tenant,
+            actor=run_actor(run),
+            deployment=run.deployment,
             changes={"faults": {**current, group: entry}},
             reason=f"drill {run.drill.name} (run {run.pk}): inject {run.fault} into {group}",
             action="drill.fault_injected",
-        )  # fmt: skip
+        )
     except ValidationFailed as exc:
         _finish(run, DrillStatus.ABORTED, f"aborted: the fault was refused: {exc.message}")
         return 0.0
-    run.injected_at = _dt(now)
+    run.injected_at = to_datetime(now)
     run.status = DrillStatus.OBSERVING
-    _event(run, "injected", f"{run.fault} injected into {group} (revision "
-           f"{run.fault_revision.number}); expires at the latest "
-           f"{datetime.fromtimestamp(entry['expires_at'], tz=UTC):%H:%M:%S}",
-           fault=entry)  # fmt: skip
+    record_event(
+        run,
+        "injected",
+        f"{run.fault} injected into {group} (revision "
+        f"{run.fault_revision.number}); expires at the latest "
+        f"{datetime.fromtimestamp(entry['expires_at'], tz=UTC):%H:%M:%S}",
+        fault=entry,
+    )
     drill_faults.guarded(run, "injected", lambda: active.injected(run, now), None)
     return STEP_S
 
@@ -146,29 +176,29 @@ def _observe(run: DrillRun, now: float) -> float:
     _score(run, results)
     if not held and not run.deviated:
         run.deviated = True
-        _event(run, "deviated", "the steady state deviated", probes=results)
-    _note_detection(run, now)
+        record_event(run, "deviated", "the steady state deviated", probes=results)
+    note_detection(run, now)
     reason = _abort_reason(run, now, results)
     if reason is not None:
-        _event(run, "aborting", reason)
+        record_event(run, "aborting", reason)
         run.verdict = reason
         run.status = DrillStatus.REVERTING
         return 0.0
     if run.deviated and run.mitigated_at is None and run.incident is None and held:
-        run.mitigated_at = _dt(now)  # recovered by itself (e.g. Serve restarted it)
-        _event(run, "recovered", "the steady state holds again without an incident")
+        run.mitigated_at = to_datetime(now)  # recovered by itself (e.g. Serve restarted it)
+        record_event(run, "recovered", "the steady state holds again without an incident")
     active = drill_faults.of(run.fault)
     broken = drill_faults.guarded(run, "observe", lambda: active.observe(run, now), None)
     if broken is not None:  # the drill saw it itself (a cross-tenant hit): detected at once
         run.deviated = True
-        run.detected_at = run.detected_at or _dt(now)
-        _event(run, "detected", broken)
+        run.detected_at = run.detected_at or to_datetime(now)
+        record_event(run, "detected", broken)
         run.status = DrillStatus.REVERTING
         return 0.0
     elapsed = now - run.injected_at.timestamp() if run.injected_at else 0.0
     if elapsed >= int(run.snapshot["duration_s"]):
         run.status = DrillStatus.REVERTING
-        _event(run, "duration_over", f"{run.snapshot['duration_s']} s of fault elapsed")
+        record_event(run, "duration_over", f"{run.snapshot['duration_s']} s of fault elapsed")
         return 0.0
     return STEP_S
 
@@ -183,10 +213,14 @@ def _revert(run: DrillRun, now: float) -> float | None:
             message = drill_faults.guarded(
                 run, "revert", lambda: active.revert(run, now), "not reverted: left to its TTL"
             )
-            audit_record(tenant=run.deployment.tenant, actor=_actor(run),
-                         action="drill.fault_reverted", obj=run,
-                         after={"fault": run.fault})  # fmt: skip
-            _event(run, "reverted", message)
+            audit_record(
+                tenant=run.deployment.tenant,
+                actor=run_actor(run),
+                action="drill.fault_reverted",
+                obj=run,
+                after={"fault": run.fault},
+            )
+            record_event(run, "reverted", message)
         else:
             _left_to_ttl(run)
         return _reverted(run, active, now)
@@ -199,26 +233,32 @@ def _revert(run: DrillRun, now: float) -> float | None:
         if ours and (always or run.deviated):
             faults.pop(group)
             run.revert_revision = deployments.deployment_change(
-                tenant=run.deployment.tenant, actor=_actor(run), deployment=run.deployment,
+                tenant=run.deployment.tenant,
+                actor=run_actor(run),
+                deployment=run.deployment,
                 changes={"faults": faults},
                 reason=f"drill {run.drill.name} (run {run.pk}): revert {run.fault}",
                 action="drill.fault_reverted",
-            )  # fmt: skip
-            _event(run, "reverted", f"fault removed (revision {run.revert_revision.number})")
+            )
+            record_event(run, "reverted", f"fault removed (revision {run.revert_revision.number})")
         elif ours:
             _left_to_ttl(run)
         else:
-            _event(run, "already_gone", "the fault is no longer in the deployment (a rollback "
-                   "or another change removed it)")  # fmt: skip
+            record_event(
+                run,
+                "already_gone",
+                "the fault is no longer in the deployment (a rollback "
+                "or another change removed it)",
+            )
         return _reverted(run, active, now)
     drill_faults.guarded(run, "wind_down", lambda: active.wind_down(run, now), None)
-    _note_detection(run, now)
+    note_detection(run, now)
     held, results = steady_state(run, now)
     waited = now - run.reverted_at.timestamp()
     if not held and waited < RECOVERY_WAIT_S and not run.stop_requested:
         return STEP_S
     if run.deviated and run.mitigated_at is None and held:
-        run.mitigated_at = _dt(now)
+        run.mitigated_at = to_datetime(now)
     failure = None if run.stop_requested else active.failure(run)
     if run.stop_requested or (run.verdict and run.verdict.startswith("aborted")):
         _finish(run, DrillStatus.ABORTED, run.verdict or "stopped by hand")
@@ -231,9 +271,12 @@ def _revert(run: DrillRun, now: float) -> float | None:
             f"the steady state did not come back within {RECOVERY_WAIT_S} s of the revert",
         )
     elif run.deviated and run.incident is None:
-        _finish(run, DrillStatus.FAILED,
-                "the steady state deviated but the ops loop opened no incident: the contract "
-                "does not catch this fault")  # fmt: skip
+        _finish(
+            run,
+            DrillStatus.FAILED,
+            "the steady state deviated but the ops loop opened no incident: the contract "
+            "does not catch this fault",
+        )
     else:
         _finish(
             run,
@@ -244,13 +287,16 @@ def _revert(run: DrillRun, now: float) -> float | None:
 
 
 def _left_to_ttl(run: DrillRun) -> None:
-    _event(run, "left_to_ttl", "the steady state never deviated: the fault is left to its TTL "
-           "(revert: deviated)")  # fmt: skip
+    record_event(
+        run,
+        "left_to_ttl",
+        "the steady state never deviated: the fault is left to its TTL (revert: deviated)",
+    )
 
 
 def _reverted(run: DrillRun, active: drill_faults.ActiveFault, now: float) -> float:
     """The revert step is done (or the fault left to its TTL): wind the fault's own work down."""
-    run.reverted_at = _dt(now)
+    run.reverted_at = to_datetime(now)
     drill_faults.guarded(run, "wind_down", lambda: active.wind_down(run, now), None)
     return STEP_S
 
@@ -262,11 +308,17 @@ def _finish(run: DrillRun, status: str, verdict: str) -> None:
     probes = run.probes or {}
     if probes.get("total"):
         run.resilience_score = round(100.0 * probes["held"] / probes["total"], 1)
-    _event(run, status, verdict, mttd_s=run.mttd_s, mttr_s=run.mttr_s,
-           resilience_score=run.resilience_score)  # fmt: skip
+    record_event(
+        run,
+        status,
+        verdict,
+        mttd_s=run.mttd_s,
+        mttr_s=run.mttr_s,
+        resilience_score=run.resilience_score,
+    )
 
 
-def _note_detection(run: DrillRun, now: float) -> None:
+def note_detection(run: DrillRun, now: float) -> None:
     """The first drill incident of this run on its slot (keyed `drill-<run>:<dep>:<group>`;
     the other slot's breaches are not this fault's); its mitigation (the rollback) ends the
     MTTR."""
@@ -283,13 +335,17 @@ def _note_detection(run: DrillRun, now: float) -> None:
         if incident is not None:
             run.incident = incident
             run.detected_at = incident.triggered_at
-            _event(run, "detected", f"incident #{incident.pk} opened: {incident.title}",
-                   incident=incident.pk)  # fmt: skip
+            record_event(
+                run,
+                "detected",
+                f"incident #{incident.pk} opened: {incident.title}",
+                incident=incident.pk,
+            )
     if run.incident is not None and run.mitigated_at is None:
         run.incident.refresh_from_db(fields=["mitigated_at", "status"])
         if run.incident.mitigated_at is not None:
             run.mitigated_at = run.incident.mitigated_at
-            _event(run, "mitigated", f"incident #{run.incident.pk} mitigated")
+            record_event(run, "mitigated", f"incident #{run.incident.pk} mitigated")
 
 
 def _score(run: DrillRun, results: list[dict[str, Any]]) -> None:
@@ -312,7 +368,9 @@ def _abort_reason(run: DrillRun, now: float, results: list[dict[str, Any]]) -> s
         return f"aborted: error rate {window['error_rate']:.1%} above {limit:.1%}"
     limit = conditions.get("burn_rate_above")
     if limit is not None:
-        burns = [a.get("burn_long") or 0 for a in _firing(run.deployment_id, run.snapshot["group"])]
+        burns = [
+            a.get("burn_long") or 0 for a in firing_alerts(run.deployment_id, run.snapshot["group"])
+        ]
         if burns and max(burns) > limit:
             return f"aborted: burn rate {max(burns):.1f}x above {limit}x"
     return None

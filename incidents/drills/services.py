@@ -1,29 +1,26 @@
 """Drills (create, update, delete, their cron entries in django-celery-beat) and runs (start,
-stop, the ones to resume)."""
+stop). The reads of runs (the active one, the ones to resume) are incidents.drills.selectors."""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from incidents.drills import faults as drill_faults
 from incidents.drills import policy
-from incidents.drills.base import RESUME_AFTER_S, _event
+from incidents.drills.base import record_event
 from incidents.drills.catalogue import (
-    _check_abort,
-    _check_parameters,
-    _check_schedule,
-    _check_steady_state,
+    check_abort,
+    check_parameters,
+    check_schedule,
+    check_steady_state,
 )
 from incidents.drills.models import (
     ACTIVE_STATUSES,
     ChaosDrill,
     DrillRun,
-    DrillStatus,
     RevertStrategy,
 )
 from portal.exceptions import ConflictError, ValidationFailed
@@ -33,9 +30,20 @@ from tenants.models import Tenant
 from tenants.services import audit_record
 
 DRILL_FIELDS = (
-    "name", "description", "fault", "parameters", "group", "replica_share", "traffic_share",
-    "duration_s", "steady_state", "abort_conditions", "schedule", "revert", "is_active",
-)  # fmt: skip
+    "name",
+    "description",
+    "fault",
+    "parameters",
+    "group",
+    "replica_share",
+    "traffic_share",
+    "duration_s",
+    "steady_state",
+    "abort_conditions",
+    "schedule",
+    "revert",
+    "is_active",
+)
 
 
 def _apply(drill: ChaosDrill, data: dict[str, Any]) -> None:
@@ -44,12 +52,12 @@ def _apply(drill: ChaosDrill, data: dict[str, Any]) -> None:
         raise ValidationFailed("unknown field.", field=sorted(unknown)[0])
     for name, value in data.items():
         setattr(drill, name, value)
-    drill.parameters = _check_parameters(drill.fault, drill.parameters)
+    drill.parameters = check_parameters(drill.fault, drill.parameters)
     if drill.group not in ("stable", "canary"):
         raise ValidationFailed("stable or canary.", field="group")
-    drill.steady_state = _check_steady_state(drill.steady_state)
-    drill.abort_conditions = _check_abort(drill.abort_conditions)
-    drill.schedule = _check_schedule(drill.schedule)
+    drill.steady_state = check_steady_state(drill.steady_state)
+    drill.abort_conditions = check_abort(drill.abort_conditions)
+    drill.schedule = check_schedule(drill.schedule)
     if drill.revert not in RevertStrategy.values:
         raise ValidationFailed(f"one of {', '.join(RevertStrategy.values)}.", field="revert")
     from portal.validation import clean_or_fail
@@ -73,8 +81,13 @@ def drill_create(
             raise ConflictError("a drill with this name exists.", field="name")
         drill.save()
         _sync_schedule(drill)
-        audit_record(tenant=tenant, actor=actor, action="drill.created", obj=drill,
-                     after=_drill_snapshot(drill))  # fmt: skip
+        audit_record(
+            tenant=tenant,
+            actor=actor,
+            action="drill.created",
+            obj=drill,
+            after=_drill_snapshot(drill),
+        )
     return drill
 
 
@@ -93,8 +106,14 @@ def drill_update(*, tenant: Tenant, actor: Actor, drill: ChaosDrill, **data: Any
             raise ConflictError("a drill with this name exists.", field="name")
         locked.save()
         _sync_schedule(locked)
-        audit_record(tenant=tenant, actor=actor, action="drill.changed", obj=locked,
-                     before=before, after=_drill_snapshot(locked))  # fmt: skip
+        audit_record(
+            tenant=tenant,
+            actor=actor,
+            action="drill.changed",
+            obj=locked,
+            before=before,
+            after=_drill_snapshot(locked),
+        )
     return locked
 
 
@@ -105,8 +124,13 @@ def drill_delete(*, tenant: Tenant, actor: Actor, drill: ChaosDrill) -> None:
             raise ConflictError("a run of this drill is in progress: stop it first.")
         if locked.periodic_task is not None:
             locked.periodic_task.delete()
-        audit_record(tenant=tenant, actor=actor, action="drill.deleted", obj=locked,
-                     before=_drill_snapshot(locked))  # fmt: skip
+        audit_record(
+            tenant=tenant,
+            actor=actor,
+            action="drill.deleted",
+            obj=locked,
+            before=_drill_snapshot(locked),
+        )
         locked.delete()
 
 
@@ -127,9 +151,13 @@ def _sync_schedule(drill: ChaosDrill) -> None:
         return
     minute, hour, day_of_month, month_of_year, day_of_week = drill.schedule.split(" ")
     cron, _ = CrontabSchedule.objects.get_or_create(
-        minute=minute, hour=hour, day_of_month=day_of_month, month_of_year=month_of_year,
-        day_of_week=day_of_week, timezone="UTC",
-    )  # fmt: skip
+        minute=minute,
+        hour=hour,
+        day_of_month=day_of_month,
+        month_of_year=month_of_year,
+        day_of_week=day_of_week,
+        timezone="UTC",
+    )
     name = f"drill-{drill.pk}"
     task, _ = PeriodicTask.objects.update_or_create(
         name=name,
@@ -165,14 +193,18 @@ def run_start(
     policy.check_allowed(actor=actor, drill=drill)
     policy.check_size(drill)
     run = DrillRun(
-        tenant=tenant, drill=drill, deployment=deployment, fault=drill.fault, trigger=trigger,
+        tenant=tenant,
+        drill=drill,
+        deployment=deployment,
+        fault=drill.fault,
+        trigger=trigger,
         snapshot=_drill_snapshot(drill),
-    )  # fmt: skip
+    )
     try:
         with transaction.atomic():
             policy.check_can_start(tenant=tenant, deployment_id=deployment.pk)
             run.save()
-            _event(run, "scheduled", f"{trigger} run of {drill.name} by {actor.label}")
+            record_event(run, "scheduled", f"{trigger} run of {drill.name} by {actor.label}")
             audit_record(tenant=tenant, actor=actor, action="drill.run_started", obj=run)
             transaction.on_commit(lambda: advance_drill_run.delay(run.pk))
     except IntegrityError as exc:
@@ -191,31 +223,6 @@ def run_stop(*, tenant: Tenant, actor: Actor, run: DrillRun) -> DrillRun:
         if not locked.stop_requested:
             locked.stop_requested = True
             locked.save(update_fields=["stop_requested"])
-            _event(locked, "stop_requested", f"stop requested by {actor.label}")
+            record_event(locked, "stop_requested", f"stop requested by {actor.label}")
             audit_record(tenant=tenant, actor=actor, action="drill.run_stopped", obj=locked)
     return locked
-
-
-def active_run_id(deployment_id: int) -> int | None:
-    """The run whose fault is (or may be) in the deployment now: its breaches are drills."""
-    return (
-        DrillRun.objects.filter(
-            deployment_id=deployment_id,
-            status__in=[DrillStatus.INJECTING, DrillStatus.OBSERVING, DrillStatus.REVERTING],
-        )
-        .values_list("pk", flat=True)
-        .first()
-    )
-
-
-def runs_to_resume(now: datetime | None = None) -> list[int]:
-    """Active runs nobody stepped for RESUME_AFTER_S: their task died with a worker."""
-    from django.conf import settings
-
-    now = now or timezone.now()
-    after = float(getattr(settings, "DRILL_RESUME_AFTER_S", RESUME_AFTER_S))
-    return list(
-        DrillRun.objects.filter(
-            status__in=ACTIVE_STATUSES, stepped_at__lt=now - timedelta(seconds=after)
-        ).values_list("pk", flat=True)
-    )

@@ -40,7 +40,7 @@ def measure(
     }
 
 
-def _firing(deployment_id: int, group: str) -> list[dict[str, Any]]:
+def firing_alerts(deployment_id: int, group: str) -> list[dict[str, Any]]:
     from serving.ops.selectors import deployment_health
 
     try:
@@ -58,11 +58,15 @@ def steady_state(run: DrillRun, now: float) -> tuple[bool, list[dict[str, Any]]]
     if hypothesis.get("contract", True):
         # What fires now; not an exhausted error budget: that lasts the contract's window (days)
         # after the slot is healthy again, and would fail every later drill of the slot.
-        firing = [f for f in _firing(run.deployment_id, group) if f.get("kind") != "budget"]
-        results.append({
-            "name": "contract", "held": not firing, "weight": 1,
-            "value": [f.get("name") for f in firing],
-        })  # fmt: skip
+        firing = [f for f in firing_alerts(run.deployment_id, group) if f.get("kind") != "budget"]
+        results.append(
+            {
+                "name": "contract",
+                "held": not firing,
+                "weight": 1,
+                "value": [f.get("name") for f in firing],
+            }
+        )
     probes = hypothesis.get("probes") or []
     if probes:
         window = measure(run.deployment_id, group, now, run.previous_step_at)
@@ -72,6 +76,7 @@ def steady_state(run: DrillRun, now: float) -> tuple[bool, list[dict[str, Any]]]
                 held = value is None or value <= probe["max"]
             else:
                 held = value is not None and window["requests"] > 0 and value >= probe["min"]
-            results.append({"name": probe["name"], "held": held, "weight": probe["weight"],
-                            "value": value})  # fmt: skip
+            results.append(
+                {"name": probe["name"], "held": held, "weight": probe["weight"], "value": value}
+            )
     return all(r["held"] for r in results), results

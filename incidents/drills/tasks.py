@@ -40,9 +40,9 @@ def start_scheduled_drill(drill_id: int) -> int | None:
 @task(name="incidents.resume_drill_runs", queue="chaos", time_limit=30, idempotent=True)
 def resume_drill_runs() -> int:
     """Beat, every 15 s: active runs whose step task died with a worker are stepped again."""
-    from incidents import drills
+    from incidents.drills.selectors import runs_to_resume
 
-    ids = drills.runs_to_resume()
+    ids = runs_to_resume()
     for run_id in ids:
         advance_drill_run.delay(run_id)
     return len(ids)

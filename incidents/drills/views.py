@@ -32,20 +32,24 @@ class DrillForm(forms.Form):
     fault = forms.ChoiceField(choices=FaultKind.choices)
     group = forms.ChoiceField(choices=DrillSlot.choices)
     parameters = forms.CharField(
-        required=False, initial="{}", widget=forms.Textarea(attrs={"rows": 2}),
+        required=False,
+        initial="{}",
+        widget=forms.Textarea(attrs={"rows": 2}),
         help_text='JSON, e.g. {"delay_ms": 800} for a latency spike; see the catalogue',
-    )  # fmt: skip
+    )
     traffic_share = forms.FloatField(initial=0.3, min_value=0.01, max_value=1)
     replica_share = forms.FloatField(initial=1.0, min_value=0.01, max_value=1)
     duration_s = forms.IntegerField(initial=60, min_value=5, max_value=3600)
     steady_state = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 3}),
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
         initial='{"contract": true, "probes": [{"sli": "error_rate", "max": 0.05}]}',
-    )  # fmt: skip
+    )
     abort_conditions = forms.CharField(
-        required=False, initial='{"error_rate_above": 0.5}',
+        required=False,
+        initial='{"error_rate_above": 0.5}',
         widget=forms.Textarea(attrs={"rows": 1}),
-    )  # fmt: skip
+    )
     schedule = forms.CharField(required=False, help_text="cron, UTC, e.g. 30 3 * * 1")
     revert = forms.ChoiceField(choices=RevertStrategy.choices)
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
@@ -89,9 +93,10 @@ def drill_new(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         data = dict(form.cleaned_data)
         deployment = get_for_tenant(
-            deployment_selectors.deployment_list(tenant=tenant), tenant=tenant,
+            deployment_selectors.deployment_list(tenant=tenant),
+            tenant=tenant,
             pk=data.pop("deployment"),
-        )  # fmt: skip
+        )
         try:
             drill = drills.drill_create(
                 tenant=tenant, actor=Actor(user=request.user), deployment=deployment, **data

@@ -19,7 +19,8 @@ from django.utils import timezone
 from incidents.models import BreachGroup, Incident, SlaBreach
 from serving.dataplane.sli import BOUNDS_MS, quantile
 from serving.deployments.models import ReconcileRun
-from serving.ops.models import Resolution, Rollout, SliSample
+from serving.ops.models import Rollout, SliSample
+from serving.ops.selectors import sli_samples_between
 from tenants.models import Tenant
 
 BEFORE = timedelta(minutes=15)  # the window opens this long before the incident triggered
@@ -52,20 +53,6 @@ Signals = dict[str, float | bool]
 def incident_window(incident: Incident, now: datetime | None = None) -> tuple[datetime, datetime]:
     end = incident.resolved_at or now or timezone.now()
     return incident.triggered_at - BEFORE, max(end, incident.triggered_at)
-
-
-def samples_in(
-    *, tenant: Tenant, deployment_id: int, start: datetime, end: datetime
-) -> list[SliSample]:
-    """SLI samples of a deployment overlapping [start, end], one resolution only (raw ticks
-    where there are any, else minutes), so nothing is counted twice."""
-    rows = list(
-        SliSample.objects.filter(
-            tenant=tenant, deployment_id=deployment_id, end__gt=start, start__lt=end
-        ).order_by("end", "id")
-    )
-    raw = [r for r in rows if r.resolution == Resolution.RAW]
-    return raw or [r for r in rows if r.resolution == Resolution.MINUTE]
 
 
 def _sum_hist(histograms: Iterable[Sequence[int]]) -> list[int]:
@@ -203,10 +190,10 @@ def incident_signals(*, tenant: Tenant, incident: Incident) -> Signals:
     breaches = SlaBreach.objects.filter(tenant=tenant, incident=incident)
     canary = breaches.filter(group=BreachGroup.CANARY).exists()
     if incident.deployment_id is not None:
-        samples = samples_in(
+        samples = sli_samples_between(
             tenant=tenant, deployment_id=incident.deployment_id, start=start, end=end
         )
-        baseline = samples_in(
+        baseline = sli_samples_between(
             tenant=tenant, deployment_id=incident.deployment_id, start=start - BASELINE, end=start
         )
         baseline = [s for s in baseline if s.end <= start]

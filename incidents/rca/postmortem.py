@@ -12,8 +12,9 @@ from django.utils import timezone
 
 from incidents import selectors
 from incidents.models import Incident
-from incidents.rca.evidence import GROUPS, incident_window, p95_ms, samples_in
+from incidents.rca.evidence import GROUPS, incident_window, p95_ms
 from serving.ops.models import Rollback
+from serving.ops.selectors import sli_samples_between
 from tenants.models import Tenant
 
 MAX_MINUTES = 240  # a longer incident shows its first four hours of SLIs
@@ -120,7 +121,9 @@ def sli_minutes(*, tenant: Tenant, incident: Incident) -> list[list[Any]]:
         return []
     start, end = incident_window(incident)
     end = min(end, start + timedelta(minutes=MAX_MINUTES))
-    samples = samples_in(tenant=tenant, deployment_id=incident.deployment_id, start=start, end=end)
+    samples = sli_samples_between(
+        tenant=tenant, deployment_id=incident.deployment_id, start=start, end=end
+    )
     buckets: dict[tuple[datetime, str], list[Any]] = defaultdict(list)
     for sample in samples:
         minute = sample.start.replace(second=0, microsecond=0)

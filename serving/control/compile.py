@@ -25,11 +25,45 @@ replicas. The output is deterministic: same desired state, byte-identical config
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from serving.control import names
-from serving.control.names import GPU_NODES_APP as GPU_NODES_APP  # re-exported
+from serving.control.names import GPU_NODES_APP
+from serving.control.specs import (
+    DeploymentSpec,
+    FairShare,
+    GpuNodesSpec,
+    PoolSpec,
+    PoolTenant,
+    SlotSpec,
+    fair_share,
+    pool_max_ongoing,
+)
+
+# The specs live in serving.control.specs; they stay importable from here.
+__all__ = [
+    "GPU_NODES_APP",
+    "GPU_NODES_IMPORT",
+    "HEALTH_CHECK",
+    "ROUTER_IMPORT",
+    "SAME_LOOP_ENV",
+    "VERSION_IMPORT",
+    "DeploymentSpec",
+    "FairShare",
+    "GpuNodesSpec",
+    "PoolSpec",
+    "PoolTenant",
+    "SlotSpec",
+    "assemble",
+    "compile_config",
+    "deployment_apps",
+    "fair_share",
+    "gpu_nodes_apps",
+    "pool_apps",
+    "pool_max_ongoing",
+    "restart_free",
+]
+
 
 ROUTER_IMPORT = "serving.dataplane.app:build_router"
 # Our replicas never block their event loop (the engine steps in its own thread), so user code
@@ -41,134 +75,6 @@ SAME_LOOP_ENV = {
 }
 VERSION_IMPORT = "serving.dataplane.app:build_version"
 GPU_NODES_IMPORT = "serving.dataplane.gpu_node:build_gpu_nodes"
-
-
-@dataclass(frozen=True)
-class GpuNodesSpec:
-    """GPU_AGENT_MODE=ray: how many nodes get a sampler, and its settings."""
-
-    nodes: int
-    hz: float = 5.0
-    simulate: bool = False
-
-
-@dataclass(frozen=True)
-class SlotSpec:
-    """One version slot (stable or canary) of a deployment."""
-
-    version: str
-    artifact: str
-    fingerprint: str
-    arch_key: str
-
-
-@dataclass(frozen=True)
-class FairShare:
-    """What one tenant of a shared pool may hold in each pool replica."""
-
-    quota_blocks: int  # KV blocks (cached ones included)
-    max_running: int  # sequences running at once
-    request_slots: int  # the tenant's requests in the pool at once (all replicas)
-
-
-def fair_share(
-    *,
-    plan_blocks: int,
-    kv_blocks: int,
-    max_num_seqs: int,
-    min_tenants: int,
-    max_ongoing_requests: int,
-    num_replicas: int = 1,
-) -> FairShare:
-    """A pool tenant's share: its plan's blocks, never above the pool's size divided by the
-    pool's minimum number of tenants; a `1 / min_tenants` part of the batch and of the
-    pool's request slots (at least one of each). The one rule: reconcile compiles it, the
-    portal shows it."""
-    parts = max(1, min_tenants)
-    return FairShare(
-        quota_blocks=max(0, min(plan_blocks, kv_blocks // parts)),
-        max_running=max(1, max_num_seqs // parts),
-        request_slots=max(1, max_ongoing_requests * max(1, num_replicas) // parts),
-    )
-
-
-def pool_max_ongoing(max_num_seqs: int) -> int:
-    """A pool replica takes twice its batch: each tenant's next requests wait in that tenant's
-    own queue in the engine, ready for the next free slot."""
-    return max(32, 2 * max_num_seqs)
-
-
-@dataclass(frozen=True)
-class PoolTenant:
-    salt: str  # the tenant's cache salt, hex
-    quota_blocks: int
-    max_running: int
-
-
-@dataclass(frozen=True)
-class PoolSpec:
-    """A platform-run shared KV pool: one model served to many tenants, each with its own
-    cache salt, block quota (a tenant at its quota evicts only its own blocks) and share of
-    the batch (`max_running`)."""
-
-    name: str
-    slot: SlotSpec
-    tenants: dict[str, PoolTenant]  # tenant id -> its salt and share
-    num_replicas: int = 1
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    max_ongoing_requests: int = 32
-    kv_blocks: int = 1024
-    block_size: int = 16
-    max_num_seqs: int = 32
-
-    @property
-    def app_name(self) -> str:
-        return names.pool_app(self.name)
-
-
-@dataclass(frozen=True)
-class DeploymentSpec:
-    tenant_id: str
-    tenant_slug: str
-    name: str
-    revision: int
-    stable: SlotSpec
-    canary: SlotSpec | None = None
-    canary_percent: float = 0.0
-    num_replicas: int | None = 1
-    autoscaling: dict[str, Any] | None = None  # min_replicas, max_replicas, target_ongoing_requests
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    max_ongoing_requests: int = 16
-    kv_mode: str = "dedicated"
-    kv_blocks: int = 256
-    block_size: int = 16
-    max_num_seqs: int = 16
-    quota_blocks: int | None = None
-    cache_salt_hex: str = ""
-    key_hashes: tuple[str, ...] = ()
-    guard: dict[str, Any] = field(default_factory=dict)
-    breaker: dict[str, Any] = field(default_factory=dict)
-    faults: dict[str, Any] = field(default_factory=dict)
-    router_replicas: int = 1
-    pool: str | None = None  # kv_mode "shared": the PoolSpec name serving this deployment
-    # kv_mode "shared": the tenant's requests in the pool at once (FairShare.request_slots)
-    pool_slots: int = 0
-    pool_access: bool = True  # False: the platform revoked the tenant's place in the pool
-    suspended: str = ""  # why the tenant is suspended ("" when active): every request is a 403
-    deployment_id: int = 0  # the portal's id (reconcile marks a refused deployment by it)
-
-    @property
-    def app_name(self) -> str:
-        return names.deployment_app(self.tenant_slug, self.name)
-
-    def slot_app(self, group: str) -> str:
-        return names.slot_app(self.tenant_slug, self.name, group)
-
-    @property
-    def route_prefix(self) -> str:
-        return names.route_prefix(self.tenant_slug, self.name)
 
 
 def _scaling(spec: DeploymentSpec) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from serving.control import host
 
 if TYPE_CHECKING:
-    from serving.control.cluster import RayTarget
+    from serving.control.cluster.config import RayTarget
 
 logger = logging.getLogger(__name__)
 APPLICATIONS_PATH = "/api/serve/applications/"

@@ -37,8 +37,15 @@ NO_GPU_RETRY_S = 30.0
 class Sampler:
     """The sampling loop, in a thread of its own (NVML calls block); `stop()` ends it."""
 
-    def __init__(self, *, redis_url: str, prefix: str, hz: float, simulate: bool,
-                 process_interval_s: float = 5.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        redis_url: str,
+        prefix: str,
+        hz: float,
+        simulate: bool,
+        process_interval_s: float = 5.0,
+    ) -> None:
         self.redis_url, self.prefix = redis_url, prefix
         self.hz, self.simulate, self.process_interval_s = hz, simulate, process_interval_s
         self.ray_node = ray_node_id()
@@ -62,12 +69,22 @@ class Sampler:
         return self._thread.is_alive()
 
     def _report(self, client: Any, provider: Provider | None) -> None:
-        client.hset(nodes_key(self.prefix), self.node, json.dumps({
-            "node": self.node, "ray_node": self.ray_node, "at": time.time(),
-            "provider": provider.name if provider else None,
-            "simulated": bool(provider and provider.simulated), "hz": self.hz,
-            "error": self.error, "samples": self.samples,
-        }))  # fmt: skip
+        client.hset(
+            nodes_key(self.prefix),
+            self.node,
+            json.dumps(
+                {
+                    "node": self.node,
+                    "ray_node": self.ray_node,
+                    "at": time.time(),
+                    "provider": provider.name if provider else None,
+                    "simulated": bool(provider and provider.simulated),
+                    "hz": self.hz,
+                    "error": self.error,
+                    "samples": self.samples,
+                }
+            ),
+        )
 
     def _open(self, client: Any) -> Provider | None:
         try:
@@ -100,15 +117,21 @@ class Sampler:
                         processes = [p.to_dict() for p in provider.processes()]
                         processes_at = now
                     sample = {
-                        "at": round(time.time(), 3), "node": self.node,
-                        "ray_node": self.ray_node, "simulated": provider.simulated,
+                        "at": round(time.time(), 3),
+                        "node": self.node,
+                        "ray_node": self.ray_node,
+                        "simulated": provider.simulated,
                         "provider": provider.name,
                         "devices": [d.to_dict() for d in provider.devices()],
                         "processes": processes,
-                    }  # fmt: skip
+                    }
                     pipe = client.pipeline(transaction=False)
-                    pipe.xadd(stream, {"d": json.dumps(sample, separators=(",", ":"))},
-                              maxlen=int(STREAM_SECONDS * self.hz), approximate=True)  # fmt: skip
+                    pipe.xadd(
+                        stream,
+                        {"d": json.dumps(sample, separators=(",", ":"))},
+                        maxlen=int(STREAM_SECONDS * self.hz),
+                        approximate=True,
+                    )
                     pipe.execute()
                     self.samples += 1
                     self.error = None
@@ -158,9 +181,11 @@ class GpuNodeSampler:
             logger.warning("GPU sampler: no Redis configured, nothing to publish to")
             return
         self.sampler = Sampler(
-            redis_url=str(wanted["redis_url"]), prefix=str(wanted["prefix"]),
-            hz=float(wanted["hz"]), simulate=bool(wanted["simulate"]),
-        ).start()  # fmt: skip
+            redis_url=str(wanted["redis_url"]),
+            prefix=str(wanted["prefix"]),
+            hz=float(wanted["hz"]),
+            simulate=bool(wanted["simulate"]),
+        ).start()
 
     def check_health(self) -> None:
         if self.sampler is not None and not self.sampler.alive:

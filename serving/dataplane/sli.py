@@ -84,8 +84,11 @@ class SliWindow:
         self.rejected += other.rejected
         self.tokens_in += other.tokens_in
         self.tokens_out += other.tokens_out
-        for mine, theirs in ((self.latency, other.latency), (self.ttft, other.ttft),
-                             (self.itl, other.itl)):  # fmt: skip
+        for mine, theirs in (
+            (self.latency, other.latency),
+            (self.ttft, other.ttft),
+            (self.itl, other.itl),
+        ):
             for index, count in enumerate(theirs):
                 mine[index] += count
 

@@ -4,7 +4,6 @@ versions, deployments and revisions are shown read-only (their writes go through
 from typing import Any
 
 from django.contrib import admin
-from django.db import transaction
 from django.http import HttpRequest
 
 from portal.admin import ReadOnlyAdmin
@@ -15,6 +14,8 @@ from serving.deployments.models import (
     ReconcileRun,
     SharedPool,
 )
+from serving.deployments.services import pool_save
+from tenants.actors import Actor
 
 
 @admin.register(SharedPool)
@@ -34,13 +35,17 @@ class SharedPoolAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     filter_horizontal = ["allowed_tenants"]  # only these tenants may deploy onto the pool
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        super().save_model(request, obj, form, change)
-        from django.conf import settings
+        """Saved through the audited service, with the grants the form holds (the admin's own
+        m2m save in save_related is then skipped: the service already set them)."""
+        pool_save(
+            pool=obj,
+            actor=Actor(user=request.user),
+            allowed_tenants=form.cleaned_data.get("allowed_tenants"),
+        )
 
-        from serving.deployments.tasks import reconcile
-
-        if settings.RECONCILE_ON_COMMIT:  # the pool's replicas follow the new settings
-            transaction.on_commit(lambda: reconcile.delay())
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        for formset in formsets:
+            self.save_formset(request, form, formset, change=change)
 
 
 @admin.register(Deployment)

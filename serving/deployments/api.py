@@ -13,26 +13,35 @@ from rest_framework.response import Response
 from portal.api.validation import validated
 from serving.deployments import selectors, services
 from serving.deployments.models import Deployment, DeploymentRevision, InferenceKey, KvMode
+from serving.deployments.spec_checks import SETTING_LIMITS
 from tenants.api.base import TenantScopedViewSet
 from tenants.models import Scope, Tenant
 
 
+def limited(setting: str, *, required: bool = False) -> serializers.Field:
+    """A number field with the bounds the services enforce (spec_checks.SETTING_LIMITS)."""
+    low, high, integer = SETTING_LIMITS[setting]
+    if integer:
+        return serializers.IntegerField(min_value=int(low), max_value=int(high), required=required)
+    return serializers.FloatField(min_value=low, max_value=high, required=required)
+
+
 class AutoscalingSerializer(serializers.Serializer):
-    min_replicas = serializers.IntegerField(min_value=0, max_value=1000, required=False)
-    max_replicas = serializers.IntegerField(min_value=1, max_value=1000)
-    target_ongoing_requests = serializers.FloatField(min_value=0.1, required=False)
+    min_replicas = limited("autoscaling.min_replicas")
+    max_replicas = limited("autoscaling.max_replicas", required=True)
+    target_ongoing_requests = limited("autoscaling.target_ongoing_requests")
 
 
 class SettingsSerializer(serializers.Serializer):
-    num_replicas = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+    num_replicas = limited("num_replicas")
     autoscaling = AutoscalingSerializer(required=False, allow_null=True)
-    num_cpus = serializers.FloatField(min_value=0, max_value=256, required=False)
-    num_gpus = serializers.FloatField(min_value=0, max_value=64, required=False)
-    max_ongoing_requests = serializers.IntegerField(min_value=1, max_value=10000, required=False)
+    num_cpus = limited("num_cpus")
+    num_gpus = limited("num_gpus")
+    max_ongoing_requests = limited("max_ongoing_requests")
     kv_mode = serializers.ChoiceField(choices=KvMode.choices, required=False)
     pool = serializers.SlugField(required=False)
-    kv_blocks = serializers.IntegerField(min_value=16, required=False)
-    block_size = serializers.IntegerField(min_value=1, max_value=256, required=False)
+    kv_blocks = limited("kv_blocks")
+    block_size = limited("block_size")
     guard = serializers.DictField(required=False)
     breaker = serializers.DictField(required=False)
 
@@ -151,11 +160,11 @@ class DeploymentCreatedSerializer(DeploymentSerializer):
 
 class CanarySerializer(serializers.Serializer):
     version = serializers.IntegerField(min_value=1)
-    percent = serializers.FloatField(min_value=0, max_value=100)
+    percent = limited("canary_percent", required=True)
 
 
 class TrafficSerializer(serializers.Serializer):
-    percent = serializers.FloatField(min_value=0, max_value=100)
+    percent = limited("canary_percent", required=True)
 
 
 class KeySerializer(serializers.ModelSerializer):

@@ -210,8 +210,11 @@ class DeploymentRevision(TenantOwned):
             raise ValueError("a revision is immutable: save(update_fields=...) status only")
         fields = kwargs.get("update_fields")
         if fields is not None and set(fields) - {
-            "applied_at", "converged_at", "serve_status", "serve_message",
-        }:  # fmt: skip
+            "applied_at",
+            "converged_at",
+            "serve_status",
+            "serve_message",
+        }:
             raise ValueError("only the data-plane status of a revision may change")
         super().save(*args, **kwargs)
 

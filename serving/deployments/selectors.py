@@ -9,8 +9,8 @@ from typing import Any
 from django.conf import settings
 from django.db.models import QuerySet
 
-from serving.control.compile import FairShare, fair_share, pool_max_ongoing
 from serving.control.names import pool_app
+from serving.control.specs import FairShare, fair_share, pool_max_ongoing
 from serving.deployments.models import Deployment, DeploymentRevision, InferenceKey, SharedPool
 from tenants.models import Quota, Tenant
 from tenants.scoping import get_for_tenant

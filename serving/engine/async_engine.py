@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from serving.engine.engine import DuplicateRequest, Engine, SamplingParams, Sequence
+from serving.engine.engine import Engine
 from serving.engine.model import LlamaModel
+from serving.engine.scheduler import DuplicateRequest, SamplingParams, Sequence
 
 Key = tuple[str, str]  # (tenant, request id)
 

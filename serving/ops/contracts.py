@@ -88,9 +88,12 @@ def contract_set(
         except IntegrityError:
             raise ConflictError("the contract changed meanwhile; retry.", field="source") from None
         audit_record(
-            tenant=tenant, actor=actor, action="contract.set", obj=deployment,
+            tenant=tenant,
+            actor=actor,
+            action="contract.set",
+            obj=deployment,
             after={"contract": contract.name, "version": row.version},
-        )  # fmt: skip
+        )
     return row
 
 
@@ -131,45 +134,52 @@ def features_report(
 
     from django.conf import settings
 
-    from serving.ops.health import _keys, _redis
+    from serving.ops.health.state import health_keys, health_redis
 
     current = contract_current(tenant=tenant, deployment=deployment)
     if current is None:
-        raise ConflictError("set an SLA contract with drift or freshness objectives first.",
-                            field="contract")  # fmt: skip
+        raise ConflictError(
+            "set an SLA contract with drift or freshness objectives first.", field="contract"
+        )
     contract = Contract.from_dict(current.document)
     references = {
-        o.feature: o.reference for o in contract.objectives
+        o.feature: o.reference
+        for o in contract.objectives
         if o.sli == "drift_psi" and o.feature and o.reference
-    }  # fmt: skip
+    }
     fresh_features = {o.feature for o in contract.objectives if o.sli == "feature_freshness"}
     clean: dict[str, dict[str, Any]] = {"drift": {}, "freshness": {}}
     for feature, counts in (drift or {}).items():
         field = f"drift.{feature}"
         if feature not in references:
-            raise ValidationFailed("no drift objective of the contract watches this feature.",
-                                   field=field)  # fmt: skip
+            raise ValidationFailed(
+                "no drift objective of the contract watches this feature.", field=field
+            )
         bins = len(references[feature].counts)
         if (
-            not isinstance(counts, list) or len(counts) != bins
+            not isinstance(counts, list)
+            or len(counts) != bins
             or not all(isinstance(c, int | float) and c >= 0 for c in counts)
-        ):  # fmt: skip
-            raise ValidationFailed(f"give {bins} non-negative counts, one per reference bin.",
-                                   field=field)  # fmt: skip
+        ):
+            raise ValidationFailed(
+                f"give {bins} non-negative counts, one per reference bin.", field=field
+            )
         clean["drift"][feature] = [float(c) for c in counts]
     for feature, updated in (freshness or {}).items():
         field = f"freshness.{feature}"
         if feature not in fresh_features:
-            raise ValidationFailed("no freshness objective of the contract watches this feature.",
-                                   field=field)  # fmt: skip
+            raise ValidationFailed(
+                "no freshness objective of the contract watches this feature.", field=field
+            )
         if not isinstance(updated, int | float) or updated <= 0 or updated > time.time() + 60:
-            raise ValidationFailed("epoch seconds of the last update, not in the future.",
-                                   field=field)  # fmt: skip
+            raise ValidationFailed(
+                "epoch seconds of the last update, not in the future.", field=field
+            )
         clean["freshness"][feature] = float(updated)
     if not settings.REDIS_URL:
         raise ConflictError("feature reports need Redis (REDIS_URL).", field="deployment")
-    r = _redis()
-    key = _keys()["features"]
+    r = health_redis()
+    key = health_keys()["features"]
     old = json.loads(r.hget(key, str(deployment.pk)) or "{}")
     merged = {kind: {**old.get(kind, {}), **clean[kind]} for kind in ("drift", "freshness")}
     r.hset(key, str(deployment.pk), json.dumps(merged, separators=(",", ":")))

@@ -36,7 +36,7 @@ def _previous_stable(current: DeploymentRevision) -> DeploymentRevision | None:
             deployment_id=current.deployment_id,
             number__lt=current.number,
             canary_version__isnull=True,
-        )  # fmt: skip
+        )
         .exclude(stable_version_id=current.stable_version_id)
         .order_by("-number")
         .first()
@@ -58,7 +58,7 @@ def rollback_target(
                 number__lt=current.number,
                 canary_version__isnull=True,
                 stable_version_id=current.stable_version_id,
-            )  # fmt: skip
+            )
             .order_by("-number")
             .first()
         )
@@ -94,11 +94,19 @@ def rollback_request(
         if locked.deleted_at is not None or current is None:
             raise ConflictError("this deployment is not live.", field="deployment")
         if rollout is None:
-            rollout = Rollout.objects.filter(
-                tenant=tenant, deployment=locked,
-                status__in=[RolloutStatus.PROGRESSING, RolloutStatus.PAUSED,
-                            RolloutStatus.NEEDS_REVIEW],
-            ).select_related("base_revision").first()  # fmt: skip
+            rollout = (
+                Rollout.objects.filter(
+                    tenant=tenant,
+                    deployment=locked,
+                    status__in=[
+                        RolloutStatus.PROGRESSING,
+                        RolloutStatus.PAUSED,
+                        RolloutStatus.NEEDS_REVIEW,
+                    ],
+                )
+                .select_related("base_revision")
+                .first()
+            )
         if to_revision_id is not None:
             target = DeploymentRevision.objects.filter(
                 tenant=tenant, deployment=locked, pk=to_revision_id
@@ -139,9 +147,12 @@ def rollback_request(
         except IntegrityError:
             return Rollback.objects.get(tenant=tenant, key=key), False
         audit_record(
-            tenant=tenant, actor=actor, action="rollback.requested", obj=rollback,
+            tenant=tenant,
+            actor=actor,
+            action="rollback.requested",
+            obj=rollback,
             after={"from": current.number, "to": target.number, "trigger": trigger},
-        )  # fmt: skip
+        )
         if enqueue:
             transaction.on_commit(lambda: _enqueue(rollback.pk))
     return rollback, True

@@ -2,7 +2,8 @@
 and pause; every `analysis_interval_s` an analysis compares canary against stable and the
 contract. Successful after a step's pause -> next step; after the last step the contract's
 gate decides (promote, block, or needs review); Failed beyond `failure_limit` -> rollback (or
-pause, `on_failure: pause`); Inconclusive -> paused for a human."""
+pause, `on_failure: pause`); Inconclusive -> paused for a human. The rollout services here
+record each analysis run; the analysis itself (counts, comparison, gate) is serving.ops.analysis."""
 
 from __future__ import annotations
 
@@ -17,17 +18,9 @@ from portal.exceptions import ConflictError, ValidationFailed
 from serving.deployments import services as deployments
 from serving.deployments.models import Deployment, DeploymentRevision
 from serving.ops import events
-from serving.ops.models import (
-    AnalysisResult,
-    AnalysisRun,
-    Rollout,
-    RolloutPolicy,
-    RolloutStatus,
-    SlaContract,
-)
-from serving.ops.sli_store import as_datetime, lookup_before
-from serving.slo.evaluate import Counts, gate_check, good_total
-from serving.slo.model import Contract
+from serving.ops.analysis import analyze, gate_for, since
+from serving.ops.models import AnalysisResult, AnalysisRun, Rollout, RolloutPolicy, RolloutStatus
+from serving.ops.sli_store import as_datetime
 from tenants.actors import Actor
 from tenants.models import Tenant
 from tenants.services import audit_record
@@ -37,9 +30,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 ACTIVE = (RolloutStatus.PROGRESSING, RolloutStatus.PAUSED, RolloutStatus.NEEDS_REVIEW)
-# Without a contract, a canary fails when its error ratio is above both twice the stable's
-# and the stable's plus 2 points (Kayenta-style comparison of the two slots).
-ERROR_RATIO_FACTOR, ERROR_RATIO_MARGIN = 2.0, 0.02
 
 
 def _clean_steps(steps: Any) -> list[dict[str, Any]]:
@@ -64,8 +54,14 @@ def _clean_steps(steps: Any) -> list[dict[str, Any]]:
 def policy_set(
     *, tenant: Tenant, actor: Actor, deployment: Deployment, values: Mapping[str, Any]
 ) -> RolloutPolicy:
-    fields = {"analysis_interval_s", "failure_limit", "consecutive_error_limit", "min_requests",
-              "on_failure", "steps"}  # fmt: skip
+    fields = {
+        "analysis_interval_s",
+        "failure_limit",
+        "consecutive_error_limit",
+        "min_requests",
+        "on_failure",
+        "steps",
+    }
     unknown = set(values) - fields
     if unknown:
         raise ValidationFailed(f"unknown field {sorted(unknown)[0]!r}.", field=sorted(unknown)[0])
@@ -85,8 +81,13 @@ def policy_set(
         if not policy.steps:
             raise ValidationFailed("give at least one step.", field="steps")
         policy.save()
-        audit_record(tenant=tenant, actor=actor, action="rollout_policy.set", obj=deployment,
-                     after={k: getattr(policy, k) for k in fields})  # fmt: skip
+        audit_record(
+            tenant=tenant,
+            actor=actor,
+            action="rollout_policy.set",
+            obj=deployment,
+            after={k: getattr(policy, k) for k in fields},
+        )
     return policy
 
 
@@ -103,14 +104,21 @@ def rollout_start(
         if base is None or base.canary_version_id is not None:
             raise ConflictError("finish or roll back the current canary first.", field="version")
         revision = deployments.deployment_set_canary(
-            tenant=tenant, actor=actor, deployment=deployment, version_id=version_id,
+            tenant=tenant,
+            actor=actor,
+            deployment=deployment,
+            version_id=version_id,
             percent=policy.steps[0]["weight"],
-        )  # fmt: skip
+        )
         if revision.canary_version_id is None:  # deployment_set_canary always sets it
             raise ConflictError("the canary was not set.", field="version")
         rollout = Rollout.objects.create(
-            tenant=tenant, deployment=deployment, canary_version_id=revision.canary_version_id,
-            base_revision=base, steps=policy.steps, created_by_id=actor.user_id,
+            tenant=tenant,
+            deployment=deployment,
+            canary_version_id=revision.canary_version_id,
+            base_revision=base,
+            steps=policy.steps,
+            created_by_id=actor.user_id,
             policy={
                 "analysis_interval_s": policy.analysis_interval_s,
                 "failure_limit": policy.failure_limit,
@@ -118,11 +126,14 @@ def rollout_start(
                 "min_requests": policy.min_requests,
                 "on_failure": policy.on_failure,
             },
-        )  # fmt: skip
+        )
         audit_record(
-            tenant=tenant, actor=actor, action="rollout.started", obj=rollout,
+            tenant=tenant,
+            actor=actor,
+            action="rollout.started",
+            obj=rollout,
             after={"version": revision.canary_version_id, "steps": policy.steps},
-        )  # fmt: skip
+        )
     return rollout
 
 
@@ -155,10 +166,12 @@ def rollout_confirm(*, tenant: Tenant, actor: Actor, rollout: Rollout) -> Rollou
     """A human confirms a rollout the gate marked `needs_review`: promote."""
     if rollout.status != RolloutStatus.NEEDS_REVIEW:
         raise ConflictError(f"the rollout is {rollout.status}, not needs_review.", field="status")
-    deployments.deployment_promote(tenant=tenant, actor=actor, deployment=rollout.deployment,
-                                   skip_gate=True)  # fmt: skip
-    _set_status(rollout, RolloutStatus.SUCCESSFUL, f"promoted, confirmed by {actor.label}",
-                finished=True)  # fmt: skip
+    deployments.deployment_promote(
+        tenant=tenant, actor=actor, deployment=rollout.deployment, skip_gate=True
+    )
+    _set_status(
+        rollout, RolloutStatus.SUCCESSFUL, f"promoted, confirmed by {actor.label}", finished=True
+    )
     return rollout
 
 
@@ -168,111 +181,14 @@ def rollout_abort(*, tenant: Tenant, actor: Actor, rollout: Rollout) -> Rollout:
     if rollout.status not in ACTIVE:
         raise ConflictError(f"the rollout is {rollout.status}.", field="status")
     rollback_request(
-        tenant=tenant, deployment=rollout.deployment, trigger="manual",
-        reason=f"rollout aborted by {actor.label}", actor=actor, rollout=rollout,
-    )  # fmt: skip
+        tenant=tenant,
+        deployment=rollout.deployment,
+        trigger="manual",
+        reason=f"rollout aborted by {actor.label}",
+        actor=actor,
+        rollout=rollout,
+    )
     return rollout
-
-
-def _contract(deployment_id: int) -> Contract | None:
-    row = SlaContract.objects.filter(deployment_id=deployment_id).order_by("-version").first()
-    return Contract.from_dict(row.document) if row else None
-
-
-def since(deployment_id: int, started: float, now: float) -> dict[str, Counts]:
-    """Counts of each slot's current version since `started` (its cumulative totals now, as
-    the last health tick stored them, minus those at `started`)."""
-    from django.conf import settings
-
-    from serving.ops.health import _keys, _loads, _redis
-
-    window = max(1, int(now - started))
-    groups = ("stable", "canary")
-    if not settings.REDIS_URL:  # embedded mode: nothing measured, so nothing to compare
-        return {g: Counts() for g in groups}
-    raw = _redis().hmget(_keys()["state"], [f"{deployment_id}:{g}" for g in groups])
-    states = {g: _loads(r) or {} for g, r in zip(groups, raw, strict=True)}
-    episodes = {
-        (deployment_id, g): (str(states[g].get("version", "")), float(states[g].get("since", 0)))
-        for g in groups
-    }
-    before = lookup_before(episodes, {window: now - window})
-    out: dict[str, Counts] = {}
-    for group in groups:
-        state = states[group]
-        cumulative = Counts.from_dict(state["cum"]) if state.get("cum") else Counts()
-        then = before.get((deployment_id, group), {}).get(window)
-        out[group] = cumulative - then if then is not None else cumulative
-    return out
-
-
-def analyze(
-    canary: Counts, stable: Counts, contract: Contract | None, min_requests: int
-) -> tuple[str, str, dict[str, Any]]:
-    """(result, summary, measurements) of canary against stable and the contract."""
-
-    def served(c: Counts) -> int:
-        return c.requests - c.rejected
-
-    def error_ratio(c: Counts) -> float:
-        return c.errors / served(c) if served(c) else 0.0
-
-    measurements: dict[str, Any] = {
-        "canary": {"requests": served(canary), "error_ratio": round(error_ratio(canary), 4)},
-        "stable": {"requests": served(stable), "error_ratio": round(error_ratio(stable), 4)},
-    }
-    if served(canary) < min_requests:
-        return (
-            AnalysisResult.INCONCLUSIVE,
-            (f"only {served(canary)} canary requests (need {min_requests})"),
-            measurements,
-        )
-    failed: list[str] = []
-    limit = max(error_ratio(stable) * ERROR_RATIO_FACTOR, error_ratio(stable) + ERROR_RATIO_MARGIN)
-    if error_ratio(canary) > limit:
-        failed.append(
-            f"canary error ratio {error_ratio(canary):.3f} > {limit:.3f} "
-            f"(stable {error_ratio(stable):.3f})"
-        )
-    for objective in contract.objectives if contract else ():
-        if objective.target is None:
-            continue
-        good, total = good_total(objective, canary)
-        if total >= min_requests:
-            ratio = good / total
-            measurements[objective.name] = {"canary": round(ratio, 5), "target": objective.target}
-            if ratio < objective.target:
-                failed.append(f"{objective.name}: canary {ratio:.4f} < target {objective.target}")
-    if failed:
-        return AnalysisResult.FAILED, "; ".join(failed), measurements
-    return (
-        AnalysisResult.SUCCESSFUL,
-        "canary within the contract and the stable's error ratio",
-        (measurements),
-    )
-
-
-def gate_for(deployment: Deployment, revision: DeploymentRevision) -> tuple[str, str]:
-    """("pass" | "block" | "review", why) for promoting the current canary now."""
-    contract = _contract(deployment.pk)
-    if contract is None or contract.gate.mode == "off":
-        return "pass", "no gate"
-    first = (
-        DeploymentRevision.objects.filter(
-            deployment=deployment,
-            canary_version_id=revision.canary_version_id,
-            number__lte=revision.number,
-        )  # fmt: skip
-        .order_by("number")
-        .first()
-    )
-    started = (first or revision).created_at.timestamp()
-    counts = since(deployment.pk, started, timezone.now().timestamp())
-    result = gate_check(contract, counts["canary"], counts["stable"])
-    if result.passed:
-        return "pass", result.detail
-    why = "; ".join(result.failed) or result.detail
-    return ("block" if contract.gate.mode == "block" else "review"), why
 
 
 def rollouts_advance(
@@ -304,8 +220,12 @@ def _step(
     revision = target.revision
     record: dict[str, Any] = {"rollout": rollout.pk, "step": rollout.step_index}
     if revision.canary_version_id != rollout.canary_version_id:
-        _set_status(rollout, RolloutStatus.ABORTED, "the canary was changed outside the rollout",
-                    finished=True)  # fmt: skip
+        _set_status(
+            rollout,
+            RolloutStatus.ABORTED,
+            "the canary was changed outside the rollout",
+            finished=True,
+        )
         return {**record, "result": "aborted"}
     if canary is None or not canary.kv.get("replicas"):
         return _measurement_error(rollout, target, now, record)
@@ -322,17 +242,25 @@ def _step(
         return {**record, "result": "waiting", "summary": summary}
     with transaction.atomic():
         AnalysisRun.objects.create(
-            tenant=rollout.tenant, rollout=rollout, step_index=rollout.step_index,
-            at=as_datetime(now), result=result, summary=summary, measurements=measurements,
-        )  # fmt: skip
+            tenant=rollout.tenant,
+            rollout=rollout,
+            step_index=rollout.step_index,
+            at=as_datetime(now),
+            result=result,
+            summary=summary,
+            measurements=measurements,
+        )
         rollout.last_analysis_at = as_datetime(now)
         rollout.save(update_fields=["last_analysis_at", "consecutive_errors"])
         if result == AnalysisResult.FAILED:
             rollout.failures += 1
             rollout.save(update_fields=["failures"])
             if rollout.failures > int(rollout.policy.get("failure_limit", 0)):
-                return {**record, "result": result,
-                        **on_analysis_failed(rollout, target, summary, now)}  # fmt: skip
+                return {
+                    **record,
+                    "result": result,
+                    **on_analysis_failed(rollout, target, summary, now),
+                }
             return {**record, "result": result, "summary": summary}
         if result == AnalysisResult.INCONCLUSIVE:
             _set_status(rollout, RolloutStatus.PAUSED, f"inconclusive: {summary}")
@@ -350,9 +278,13 @@ def _measurement_error(
     summary = "no canary replica reported its counters"
     with transaction.atomic():
         AnalysisRun.objects.create(
-            tenant=rollout.tenant, rollout=rollout, step_index=rollout.step_index,
-            at=as_datetime(now), result=AnalysisResult.ERROR, summary=summary,
-        )  # fmt: skip
+            tenant=rollout.tenant,
+            rollout=rollout,
+            step_index=rollout.step_index,
+            at=as_datetime(now),
+            result=AnalysisResult.ERROR,
+            summary=summary,
+        )
         rollout.consecutive_errors += 1
         rollout.last_analysis_at = as_datetime(now)
         rollout.save(update_fields=["consecutive_errors", "last_analysis_at"])
@@ -380,10 +312,14 @@ def on_analysis_failed(
         record = {"paused": True}
     else:
         rollback, created = rollback_request(
-            tenant=deployment.tenant, deployment=deployment, trigger="analysis",
-            reason=f"canary analysis failed: {summary}", detected_at=as_datetime(now),
-            rollout=rollout, enqueue=False,
-        )  # fmt: skip
+            tenant=deployment.tenant,
+            deployment=deployment,
+            trigger="analysis",
+            reason=f"canary analysis failed: {summary}",
+            detected_at=as_datetime(now),
+            rollout=rollout,
+            enqueue=False,
+        )
         if created:  # after the analysis' transaction commits: switch traffic in this process
             transaction.on_commit(lambda: rollback_run_now(rollback.pk))
         record = {"rollback": rollback.pk}
@@ -423,7 +359,8 @@ def _next_step(rollout: Rollout, target: Target) -> dict[str, Any]:
     if verdict == "review":
         _set_status(rollout, RolloutStatus.NEEDS_REVIEW, f"needs review: {why}")
         return {"gate": "review", "why": why}
-    deployments.deployment_promote(tenant=rollout.tenant, actor=actor, deployment=deployment,
-                                   skip_gate=True)  # fmt: skip
+    deployments.deployment_promote(
+        tenant=rollout.tenant, actor=actor, deployment=deployment, skip_gate=True
+    )
     _set_status(rollout, RolloutStatus.SUCCESSFUL, "promoted after the last step", finished=True)
     return {"promoted": True}

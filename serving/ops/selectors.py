@@ -3,13 +3,19 @@ found, and the stored SLI rows of a slot."""
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from serving.ops import health
 from serving.ops.models import Resolution, SliSample
 from serving.ops.sli_store import as_datetime
+
+if TYPE_CHECKING:
+    from serving.deployments.models import Deployment
+    from tenants.models import Tenant
 
 
 def deployment_health(deployment_id: int) -> dict[str, Any]:
@@ -28,3 +34,31 @@ def raw_sli_rows(
         end__gt=as_datetime(since),
     )
     return rows if until is None else rows.filter(start__lt=as_datetime(until))
+
+
+def sli_window(
+    *, tenant: Tenant, deployment: Deployment, resolution: str, seconds: float
+) -> QuerySet[SliSample]:
+    """The tenant's stored SLI rows of one deployment at `resolution` that ended in the last
+    `seconds`, oldest first: what the health charts and the API's SLI route read."""
+    return SliSample.objects.filter(
+        tenant=tenant,
+        deployment=deployment,
+        resolution=resolution,
+        end__gte=timezone.now() - timedelta(seconds=seconds),
+    ).order_by("end")
+
+
+def sli_samples_between(
+    *, tenant: Tenant, deployment_id: int, start: datetime, end: datetime
+) -> list[SliSample]:
+    """The tenant's SLI rows of a deployment overlapping [start, end], one resolution only (raw
+    ticks where there are any, else minutes), so nothing is counted twice: what an incident's
+    evidence and its postmortem read."""
+    rows = list(
+        SliSample.objects.filter(
+            tenant=tenant, deployment_id=deployment_id, end__gt=start, start__lt=end
+        ).order_by("end", "id")
+    )
+    raw = [r for r in rows if r.resolution == Resolution.RAW]
+    return raw or [r for r in rows if r.resolution == Resolution.MINUTE]

@@ -80,9 +80,14 @@ def lookup_before(
                 ' ORDER BY "end" DESC LIMIT 1) x'
             )
             params += [
-                window, deployment_ids, groups, versions, since, int(resolution),
+                window,
+                deployment_ids,
+                groups,
+                versions,
+                since,
+                int(resolution),
                 as_datetime(cutoff),
-            ]  # fmt: skip
+            ]
         if not parts:
             return found
         with connection.cursor() as cursor:
@@ -105,7 +110,7 @@ def lookup_before(
                     resolution=resolution,
                     end__gte=as_datetime(started),
                     end__lte=as_datetime(cutoff),
-                )  # fmt: skip
+                )
                 .order_by("-end")
                 .values_list("cumulative", flat=True)
                 .first()
@@ -217,11 +222,14 @@ def insert_samples(rows: list[SliSample]) -> None:
         debug = cursor.debug_sql(sql) if hasattr(cursor, "debug_sql") else nullcontext()
         with debug, connection.wrap_database_errors, cursor.cursor.copy(sql) as copy:
             for row in rows:
-                copy.write_row([
-                    json.dumps(getattr(row, n), separators=(",", ":")) if n in json_fields
-                    else getattr(row, n)
-                    for n in names
-                ])  # fmt: skip
+                copy.write_row(
+                    [
+                        json.dumps(getattr(row, n), separators=(",", ":"))
+                        if n in json_fields
+                        else getattr(row, n)
+                        for n in names
+                    ]
+                )
 
 
 def prune(*, now: float) -> dict[str, int]:

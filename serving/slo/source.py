@@ -23,15 +23,17 @@ _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _MERGE = "tag:yaml.org,2002:merge"
 
 
-class _Loader(yaml.SafeLoader):
-    pass
+class ContractLoader(yaml.SafeLoader):
+    """YAML 1.2 scalars: only true/false are booleans (no yes/no/on/off), and dates stay
+    strings, so a contract means what it says."""
 
 
-_Loader.yaml_implicit_resolvers = {
+ContractLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL, _TIMESTAMP)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), "tTfF")
+_YAML12_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+ContractLoader.add_implicit_resolver(_BOOL, _YAML12_BOOL, "tTfF")
 
 
 def _fail(line: int | None, message: str) -> ContractError:
@@ -44,7 +46,7 @@ def compose(text: str, *, many: bool = False) -> list[tuple[yaml.Node, Any]]:
     if size > MAX_BYTES:
         raise _fail(None, f"the document is {size} bytes; the limit is {MAX_BYTES} (64 KiB)")
     try:
-        loader = _Loader(text)
+        loader = ContractLoader(text)
     except yaml.reader.ReaderError as exc:  # the reader refuses control characters up front
         where = text.count("\n", 0, exc.position) + 1
         raise _fail(where, f"invalid YAML: character #x{exc.character:04x}: {exc.reason}") from exc

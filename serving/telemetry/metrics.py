@@ -67,22 +67,35 @@ def gpu_lines(snapshots: Iterable[Mapping[str, Any]]) -> list[str]:
             if p.get("tenant"):
                 by_device.setdefault(p["device_uuid"], set()).add((p["tenant"], p["deployment"]))
                 processes.append(
-                    "portal_gpu_process_fb_used_mib" + _labels({
-                        "gpu": p["device_index"], "UUID": p["device_uuid"],
-                        "Hostname": snapshot["node"], "tenant": p["tenant"],
-                        "deployment": p["deployment"], "replica": p["replica"],
-                        "simulated": str(bool(snapshot.get("simulated"))).lower(),
-                    }) + f" {_number(p['used_memory'] / MIB)}"
-                )  # fmt: skip
+                    "portal_gpu_process_fb_used_mib"
+                    + _labels(
+                        {
+                            "gpu": p["device_index"],
+                            "UUID": p["device_uuid"],
+                            "Hostname": snapshot["node"],
+                            "tenant": p["tenant"],
+                            "deployment": p["deployment"],
+                            "replica": p["replica"],
+                            "simulated": str(bool(snapshot.get("simulated"))).lower(),
+                        }
+                    )
+                    + f" {_number(p['used_memory'] / MIB)}"
+                )
         for device in snapshot.get("devices", []):
             owners = sorted(by_device.get(device["uuid"], set())) or [("", "")]
             for tenant, deployment in owners:
-                labels = _labels({
-                    "gpu": device["index"], "UUID": device["uuid"],
-                    "device": f"nvidia{device['index']}", "modelName": device["name"],
-                    "Hostname": snapshot["node"], "tenant": tenant, "deployment": deployment,
-                    "simulated": str(bool(snapshot.get("simulated"))).lower(),
-                })  # fmt: skip
+                labels = _labels(
+                    {
+                        "gpu": device["index"],
+                        "UUID": device["uuid"],
+                        "device": f"nvidia{device['index']}",
+                        "modelName": device["name"],
+                        "Hostname": snapshot["node"],
+                        "tenant": tenant,
+                        "deployment": deployment,
+                        "simulated": str(bool(snapshot.get("simulated"))).lower(),
+                    }
+                )
                 for name, _, key, scale in DCGM:
                     series[name].append(f"{name}{labels} {_number(device[key] * scale)}")
     for name, help_text, *_ in DCGM:
@@ -122,11 +135,15 @@ def engine_lines(
         owner = owners.get(str(replica.get("app")))
         if owner is None:
             continue
-        labels = _labels({
-            "model_name": replica.get("version", ""), "tenant": owner.tenant,
-            "deployment": owner.deployment, "group": replica.get("group", ""),
-            "replica": replica.get("replica", ""),
-        })  # fmt: skip
+        labels = _labels(
+            {
+                "model_name": replica.get("version", ""),
+                "tenant": owner.tenant,
+                "deployment": owner.deployment,
+                "group": replica.get("group", ""),
+                "replica": replica.get("replica", ""),
+            }
+        )
         for name, value in engine_values(replica, owner.tenant_id).items():
             suffix = "_total" if dict((n, t) for n, t, _ in VLLM)[name] == "counter" else ""
             rows[name].append(f"{name}{suffix}{labels} {_number(value)}")

@@ -61,7 +61,7 @@ class RemoteProvider:
         hosted = [
             GpuProcess(
                 pid=pid, device_index=device, device_uuid=uuids.get(device, ""), used_memory=memory
-            )  # fmt: skip
+            )
             for (pid, device), memory in self._hosted.items()
         ]
         return self._processes + hosted
@@ -107,8 +107,9 @@ class Relay:
             if node not in self.agents and report.get("error") and not report.get("samples"):
                 idle = self.idle.get(node)
                 if idle is None:  # one per silent node, kept: its status is renewed each time
-                    idle = GpuAgent(AgentConfig(node=node, persist=False), layer=None,
-                                    redis_client=self.redis)  # fmt: skip
+                    idle = GpuAgent(
+                        AgentConfig(node=node, persist=False), layer=None, redis_client=self.redis
+                    )
                     self.idle[node] = idle
                 idle.error = str(report["error"])
                 await idle._report_status()
@@ -121,9 +122,11 @@ class Relay:
         if agent is None:
             hz = settings.GPU_AGENT_HZ
             agent = GpuAgent(
-                AgentConfig(node=node, hz=hz, persist=self.persist), provider=provider,
-                layer=self.layer, redis_client=self.redis,
-            )  # fmt: skip
+                AgentConfig(node=node, hz=hz, persist=self.persist),
+                provider=provider,
+                layer=self.layer,
+                redis_client=self.redis,
+            )
             agent.open()
             self.agents[node] = agent
             logger.info("GPU relay: node %s (%s)", node, provider.name)

@@ -75,14 +75,16 @@ def gpu_deployments(request: HttpRequest, tenant: Tenant) -> HttpResponse:
             if isinstance(o, dict) and o.get("budget")
         ]
         age = time.time() - float(info["checked_at"]) if info.get("checked_at") else None
-        rows.append({
-            "d": deployment,
-            "checked": age is not None and age < 3 * deployment.health_interval_s + 5,
-            "firing": firing,
-            "budget": min((b for b in budgets if b is not None), default=None),
-            "probe": (info.get("probe") or {}).get("ok"),
-            "incidents": open_incidents.get(deployment.pk, 0),
-        })  # fmt: skip
+        rows.append(
+            {
+                "d": deployment,
+                "checked": age is not None and age < 3 * deployment.health_interval_s + 5,
+                "firing": firing,
+                "budget": min((b for b in budgets if b is not None), default=None),
+                "probe": (info.get("probe") or {}).get("ok"),
+                "incidents": open_incidents.get(deployment.pk, 0),
+            }
+        )
     return render(request, "serving/gpu/_deployments.html", {"rows": rows})
 
 
@@ -105,14 +107,32 @@ def gpu_history(request: HttpRequest, tenant: Tenant) -> JsonResponse:
     rows = (
         GpuDeviceSample.objects.filter(resolution=resolution, at__gte=since, device_uuid__in=uuids)
         .order_by("at")
-        .values_list("device_uuid", "name", "node", "simulated", "at", "gpu_util", "mem_util",
-                     "mem_used", "mem_total")
-    )  # fmt: skip
+        .values_list(
+            "device_uuid",
+            "name",
+            "node",
+            "simulated",
+            "at",
+            "gpu_util",
+            "mem_util",
+            "mem_used",
+            "mem_total",
+        )
+    )
     for uuid, dev_name, node, simulated, at, util, mem_util, used, total in rows:
-        series = devices.setdefault(uuid, {
-            "name": dev_name, "node": node, "simulated": simulated, "x": [], "gpu_util": [],
-            "mem_util": [], "mem_used": [], "mem_total": total,
-        })  # fmt: skip
+        series = devices.setdefault(
+            uuid,
+            {
+                "name": dev_name,
+                "node": node,
+                "simulated": simulated,
+                "x": [],
+                "gpu_util": [],
+                "mem_util": [],
+                "mem_used": [],
+                "mem_total": total,
+            },
+        )
         series["x"].append(at.timestamp())
         series["gpu_util"].append(round(util, 2))
         series["mem_util"].append(round(mem_util, 2))
@@ -127,7 +147,13 @@ def gpu_history(request: HttpRequest, tenant: Tenant) -> JsonResponse:
         else:
             series_p["x"].append(at.timestamp())
             series_p["used_memory"].append(used)
-    return JsonResponse({
-        "range": name, "resolution": int(resolution), "from": since.timestamp(),
-        "to": time.time(), "devices": devices, "processes": processes,
-    })  # fmt: skip
+    return JsonResponse(
+        {
+            "range": name,
+            "resolution": int(resolution),
+            "from": since.timestamp(),
+            "to": time.time(),
+            "devices": devices,
+            "processes": processes,
+        }
+    )

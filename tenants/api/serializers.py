@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 from tenants import usage
 from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Quota, Role, Scope, Tenant
-from tenants.services import TOKEN_RATE_LIMIT_MAX
+from tenants.services.tokens import TOKEN_RATE_LIMIT_MAX
 
 
 class TenantSerializer(serializers.ModelSerializer):

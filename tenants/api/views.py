@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.api.validation import validated
-from tenants import selectors, services, usage
+from tenants import links, selectors, services, throttles, usage
 from tenants.actors import Actor
 from tenants.api import filters
 from tenants.api import serializers as s
@@ -128,7 +128,7 @@ class InvitationViewSet(
         invitation, raw = services.invitation_create(
             tenant=self.ctx.tenant, actor=self.ctx.actor, email=data["email"], role=data["role"]
         )
-        invitation.accept_url = services.invitation_accept_url(raw)  # type: ignore[attr-defined]
+        invitation.accept_url = links.invitation_accept_url(raw)  # type: ignore[attr-defined]
         return Response(
             s.InvitationCreatedSerializer(invitation).data, status=status.HTTP_201_CREATED
         )
@@ -227,7 +227,7 @@ class SignupView(APIView):
     def post(self, request: Request) -> Response:
         if services.signup_mode() == "closed":
             raise exceptions.PermissionDenied("Signup is closed on this portal.")
-        wait = services.signup_throttle(ip=services.client_ip(request.META))
+        wait = throttles.signup_throttle(ip=throttles.client_ip(request.META))
         if wait > 0:
             raise exceptions.Throttled(wait=wait, detail="Too many signup attempts; slow down.")
         data = validated(s.SignupSerializer, request.data)

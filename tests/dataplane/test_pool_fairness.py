@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from serving.dataplane.app import Router, VersionCore, _PoolSlot
+from serving.dataplane.app import PoolSlot, Router, VersionCore
 from serving.dataplane.breaker import BreakerConfig, CircuitBreaker
 from serving.dataplane.guard import Refused
 from serving.dataplane.keys import hash_key
@@ -305,12 +305,12 @@ def test_a_pool_slot_is_given_back_once_even_by_a_stream_never_started() -> None
 
     async def scenario() -> None:
         gate = asyncio.Semaphore(1)
-        slot = await _PoolSlot.take(gate)
+        slot = await PoolSlot.take(gate)
         assert gate.locked()
         slot.release()
         slot.release()  # once only
         assert gate._value == 1
-        slot = await _PoolSlot.take(gate)
+        slot = await PoolSlot.take(gate)
         stream = events()
         slot.hand_to(stream)
         slot.release_unless_handed()  # the stream owns it now

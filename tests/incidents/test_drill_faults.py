@@ -43,7 +43,7 @@ from serving.dataplane.app import Router
 from serving.deployments import services as deploy
 from serving.deployments.chaos import control_delay_key
 from serving.deployments.models import Deployment, DeploymentRevision
-from serving.deployments.reconcile import compiled_config
+from serving.deployments.specs import compiled_config
 from serving.ops import health
 from tenants.actors import Actor
 from tenants.models import AuditEvent

@@ -12,6 +12,7 @@ import pytest
 from django_celery_beat.models import PeriodicTask
 
 from incidents import drills
+from incidents.drills import selectors as drill_selectors
 from incidents.drills import steady
 from incidents.drills.models import ChaosDrill, DrillRun, DrillStatus
 from incidents.models import Incident
@@ -230,11 +231,11 @@ def test_runs_nobody_stepped_are_resumed(world_a: TenantWorld) -> None:
     deployment = _ready(world_a)
     drill = _drill(world_a, deployment)
     run = drills.run_start(tenant=world_a.tenant, actor=Actor(user=world_a.owner), drill=drill)
-    assert drills.runs_to_resume() == []
+    assert drill_selectors.runs_to_resume() == []
     later = timezone.now() + timedelta(seconds=drills.RESUME_AFTER_S + 1)
-    assert drills.runs_to_resume(later) == [run.pk]
+    assert drill_selectors.runs_to_resume(later) == [run.pk]
     DrillRun.objects.filter(pk=run.pk).update(status=DrillStatus.PASSED)
-    assert drills.runs_to_resume(later) == []
+    assert drill_selectors.runs_to_resume(later) == []
 
 
 @pytest.mark.parametrize("fault", ["gpu_memory_leak", "replica_crash", "replica_hang"])
@@ -292,9 +293,9 @@ def test_an_exhausted_budget_does_not_break_the_steady_state(
     run = drills.run_start(tenant=world_a.tenant, actor=Actor(user=world_a.owner), drill=drill)
     budget = {"kind": "budget", "name": "availability", "severity": "ticket"}
     burn = {"kind": "burn", "name": "availability", "severity": "page", "burn_long": 20.0}
-    monkeypatch.setattr(steady, "_firing", lambda *args: [budget])
+    monkeypatch.setattr(steady, "firing_alerts", lambda *args: [budget])
     assert drills.steady_state(run, time.time())[0] is True
-    monkeypatch.setattr(steady, "_firing", lambda *args: [budget, burn])
+    monkeypatch.setattr(steady, "firing_alerts", lambda *args: [budget, burn])
     held, results = drills.steady_state(run, time.time())
     assert held is False and results[0]["value"] == ["availability"]
 
@@ -320,8 +321,8 @@ def test_the_runs_incident_is_the_one_on_its_slot(world_a: TenantWorld) -> None:
 
     breach("stable", "health-probe", now + 1)
     run.refresh_from_db()
-    drills._note_detection(run, now + 1.5)
+    drills.note_detection(run, now + 1.5)
     assert run.incident is None
     canary = breach("canary", "error-spike", now + 3)
-    drills._note_detection(run, now + 3.5)
+    drills.note_detection(run, now + 3.5)
     assert run.incident == canary and run.detected_at.timestamp() == pytest.approx(now + 3)

@@ -15,7 +15,7 @@ from serving.control.compile import restart_free
 from serving.deployments import services
 from serving.deployments.keys import cache_salt_hex
 from serving.deployments.models import Deployment, DeploymentRevision, InferenceKey
-from serving.deployments.reconcile import compiled_config, desired_state
+from serving.deployments.specs import compiled_config, desired_state
 from serving.registry import services as registry
 from tenants.actors import Actor
 from tenants.models import AuditEvent, Quota

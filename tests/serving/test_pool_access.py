@@ -19,7 +19,7 @@ from serving.control.compile import compile_config
 from serving.deployments import services
 from serving.deployments.keys import cache_salt_hex
 from serving.deployments.models import Deployment, SharedPool
-from serving.deployments.reconcile import desired_state
+from serving.deployments.specs import desired_state
 from serving.registry import services as registry
 from tenants.actors import Actor
 from tenants.models import Quota

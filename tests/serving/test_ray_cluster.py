@@ -22,7 +22,7 @@ from serving.control.cluster import (
     ClusterConfigError,
     Listener,
     LocalHeadConfig,
-    _decode_address,
+    decode_address,
     ensure_token,
     listening_sockets,
     ray_target_from_env,
@@ -135,9 +135,9 @@ def test_a_long_data_dir_gets_a_short_temp_dir_for_ray_sockets(tmp_path: Path) -
 
 
 def test_proc_net_addresses_and_what_counts_as_loopback() -> None:
-    assert _decode_address("0100007F") == "127.0.0.1"
-    assert _decode_address("0000000000000000FFFF00000100007F") == "::ffff:127.0.0.1"
-    assert _decode_address("00000000000000000000000001000000") == "::1"
+    assert decode_address("0100007F") == "127.0.0.1"
+    assert decode_address("0000000000000000FFFF00000100007F") == "::ffff:127.0.0.1"
+    assert decode_address("00000000000000000000000001000000") == "::1"
     assert Listener(1, "::ffff:127.0.0.1", 1).loopback and Listener(1, "::1", 1).loopback
     assert not Listener(1, "::", 1).loopback
     assert not Listener(1, "0.0.0.0", 1).loopback  # noqa: S104 (a parsed address, not a bind)

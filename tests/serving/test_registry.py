@@ -218,7 +218,9 @@ def test_status_moves_only_forward(world_a: TenantWorld) -> None:
     version.refresh_from_db()
     ready_at = version.ready_at
     with pytest.raises(ConflictError, match="A ready version cannot become validating"):
-        services._set_status(version, VersionStatus.VALIDATING, actor=services.VALIDATOR)
+        services.set_status(
+            version=version, status=VersionStatus.VALIDATING, actor=services.VALIDATOR
+        )
     # Re-running the task on a finished version changes nothing; a missing one is ignored.
     assert validate_version(version.pk) is None
     version.refresh_from_db()

@@ -22,6 +22,10 @@ def product_files(*folders: str) -> list[Path]:
     )
 
 
+def rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
 def module_of(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -67,3 +71,7 @@ def imports_of(path: Path, module: str | None = None) -> Iterator[tuple[int, str
             and isinstance(node.args[0].value, str)
         ):
             yield node.lineno, node.args[0].value
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")

@@ -18,6 +18,7 @@ from tenants.actors import Actor
 from tenants.auth import token_cache
 from tenants.channels import FORBIDDEN
 from tenants.models import ApiToken, AuditEvent, Invitation, Role
+from tenants.secrets import hash_secret
 from tests.conftest import TenantWorld, make_user
 from tests.incidents.test_consumers import ORIGIN, WebsocketCommunicator, session_cookie
 from tests.incidents.test_consumers import communicator as incidents_socket
@@ -58,7 +59,7 @@ def _token_of(world: TenantWorld, user: User, scopes: list[str], name: str = "ci
 def _warm(raw: str) -> APIClient:
     client = _bearer(raw)
     assert client.get(reverse("model-list")).status_code == 200
-    assert token_cache.get(services.hash_secret(raw)) is not None  # cached in this process
+    assert token_cache.get(hash_secret(raw)) is not None  # cached in this process
     return client
 
 
@@ -155,12 +156,12 @@ def test_demotion_narrows_a_warm_token_at_once(world_a: TenantWorld) -> None:
     client = _warm(raw)
     assert client.post(reverse("model-list"), {"name": "before"}, format="json").status_code == 201
     _set_role(world_a, world_a.operator, Role.VIEWER)
-    assert token_cache.get(services.hash_secret(raw)) is not None  # still cached here
+    assert token_cache.get(hash_secret(raw)) is not None  # still cached here
     response = client.post(reverse("model-list"), {"name": "after"}, format="json")
     assert response.status_code == 403
     assert "lacks it" in response.json()["error"]["message"]
     assert client.get(reverse("model-list")).status_code == 200  # reading is still allowed
-    token = ApiToken.objects.get(token_hash=services.hash_secret(raw))
+    token = ApiToken.objects.get(token_hash=hash_secret(raw))
     assert token.scopes == ["read"]
     event = AuditEvent.objects.get(tenant=world_a.tenant, action="api_token.scopes_narrowed")
     assert event.before == {"scopes": ["deploy", "read", "write"]}
@@ -190,7 +191,7 @@ def test_promotion_widens_no_token_and_a_cold_token_is_capped_by_its_creators_ro
     client = _bearer(raw)
     assert client.post(reverse("model-list"), {"name": "x"}, format="json").status_code == 403
     # A row narrowed by nobody (written before the rule) is still capped at authentication.
-    ApiToken.objects.filter(token_hash=services.hash_secret(raw)).update(scopes=["read", "write"])
+    ApiToken.objects.filter(token_hash=hash_secret(raw)).update(scopes=["read", "write"])
     world_a.tenant.tenants_membership_set.filter(user=world_a.operator).update(role=Role.VIEWER)
     token_cache.clear()
     assert client.post(reverse("model-list"), {"name": "y"}, format="json").status_code == 403

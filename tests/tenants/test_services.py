@@ -7,6 +7,7 @@ from portal.exceptions import ConflictError, PermissionDeniedError, ValidationFa
 from tenants import services
 from tenants.actors import Actor
 from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Quota, Role
+from tenants.secrets import hash_secret
 from tests.conftest import PASSWORD, TenantWorld, make_user
 
 pytestmark = pytest.mark.django_db
@@ -58,7 +59,7 @@ def test_invitation_must_match_the_email_and_is_single_use(world_a: TenantWorld)
     invitation, raw = services.invitation_create(
         tenant=world_a.tenant, actor=owner, email="new@acme.example", role=Role.VIEWER
     )
-    assert invitation.token_hash == services.hash_secret(raw)
+    assert invitation.token_hash == hash_secret(raw)
     assert raw not in str(Invitation.objects.filter(pk=invitation.pk).values().first())
     stranger = make_user("stranger@evil.example")
     with pytest.raises(ValidationFailed):
@@ -131,7 +132,7 @@ def test_token_is_stored_only_as_hash(world_a: TenantWorld) -> None:
     )
     row = ApiToken.objects.filter(pk=token.pk).values().get()
     assert raw not in str(row)
-    assert row["token_hash"] == services.hash_secret(raw)
+    assert row["token_hash"] == hash_secret(raw)
     assert raw.startswith(row["prefix"]) and len(row["prefix"]) < len(raw) // 3
     audit = AuditEvent.objects.filter(action="api_token.created").latest("id")
     assert raw not in str(audit.after)

@@ -43,63 +43,63 @@ def guarded(run: DrillRun, what: str, call: Callable[[], T], default: T) -> T:
         raise
     except Exception as exc:
         logger.warning("drill run %s: %s failed: %s", run.pk, what, exc)
-        _event(run, "fault_error", f"{what} failed: {exc}"[:500], hook=what)
+        record_event(run, "fault_error", f"{what} failed: {exc}"[:500], hook=what)
         return default
 
 
-def _state(run: DrillRun) -> dict[str, Any]:
+def fault_state(run: DrillRun) -> dict[str, Any]:
     return dict((run.probes or {}).get("fault") or {})
 
 
-def _store(run: DrillRun, state: dict[str, Any]) -> None:
+def store_fault_state(run: DrillRun, state: dict[str, Any]) -> None:
     run.probes = {**(run.probes or {}), "fault": state}
 
 
-def _event(run: DrillRun, kind: str, message: str, **data: Any) -> None:
+def record_event(run: DrillRun, kind: str, message: str, **data: Any) -> None:
     DrillEvent.objects.create(
         tenant_id=run.tenant_id, run=run, kind=kind, message=message, data=data
     )
 
 
-def _whole(drill: ChaosDrill, *names: str) -> None:
+def require_whole(drill: ChaosDrill, *names: str) -> None:
     for name in names:
         value = drill.parameters[name]
         if int(value) != value:
             raise ValidationFailed("must be a whole number.", field=f"parameters.{name}")
 
 
-def _remaining(run: DrillRun, now: float) -> float:
+def remaining_s(run: DrillRun, now: float) -> float:
     if run.injected_at is None:
         return 0.0
     return run.injected_at.timestamp() + int(run.snapshot["duration_s"]) - now
 
 
-def _completions_url(deployment: Deployment) -> str:
+def completions_url(deployment: Deployment) -> str:
     from serving.control.cluster import ray_target_from_env
 
     serve = ray_target_from_env().serve_url.rstrip("/")
     return f"{serve}/{deployment.tenant.slug}/{deployment.name}/v1/completions"
 
 
-def _prompt(chars: int) -> str:
+def fresh_prompt(chars: int) -> str:
     """A fresh prompt of `chars` ASCII characters: the random nonce comes first, so no two
     prompts share even their first KV block."""
     text = f"{secrets.token_hex(16)} "
     return (text + _FILLER * (chars // len(_FILLER) + 1))[:chars]
 
 
-def _redis() -> Any:
+def redis_client() -> Any:
     import redis
 
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
 
 
-def _replica_snapshots(deployment: Deployment, group: str) -> list[dict[str, Any]]:
+def replica_snapshots(deployment: Deployment, group: str) -> list[dict[str, Any]]:
     """What the slot's replicas published last (serving.dataplane.sli), one per replica."""
     from serving.dataplane.sli import sli_key
 
     app = deployment.serve_app
-    raw = _redis().hgetall(sli_key(settings.SLI_KEY_PREFIX, app, group))
+    raw = redis_client().hgetall(sli_key(settings.SLI_KEY_PREFIX, app, group))
     return [json.loads(value) for value in raw.values()]
 
 

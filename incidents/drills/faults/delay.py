@@ -12,12 +12,13 @@ from django.conf import settings
 from incidents.drills.faults.base import (
     DELAY_MEASURE_EVERY_S,
     ActiveFault,
-    _event,
-    _redis,
-    _state,
-    _store,
+    fault_state,
+    record_event,
+    redis_client,
+    store_fault_state,
 )
 from incidents.drills.models import DrillRun
+from serving.deployments.services import reconcile_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +45,17 @@ class ControlPlaneDelay(ActiveFault):
         from incidents.drills.base import TTL_GRACE_S
 
         ttl = int(run.snapshot["duration_s"]) + TTL_GRACE_S
-        _store(run, {"expires_at": round(now + ttl, 3), "api_calls": [], "reconciles": [],
-                     "reconcile_seen": 0})  # fmt: skip
+        store_fault_state(
+            run,
+            {
+                "expires_at": round(now + ttl, 3),
+                "api_calls": [],
+                "reconciles": [],
+                "reconcile_seen": 0,
+            },
+        )
         value, key = self._value(run), control_delay_key()
-        r = _redis()
+        r = redis_client()
         if not r.set(key, value, nx=True, ex=ttl) and r.get(key) != value.encode():
             holder = r.get(key)
             return f"aborted: another control_plane_delay is in force ({holder!r})"
@@ -65,10 +73,17 @@ class ControlPlaneDelay(ActiveFault):
         except ServeApiError as exc:
             error = str(exc)[:200]
         ms = round((time.perf_counter() - started) * 1000, 1)
-        state["api_calls"] = [*(state.get("api_calls") or []), {"at": round(now, 3), "ms": ms,
-                              "when": label, "error": error}][-50:]  # fmt: skip
-        _event(run, "serve_api_call", f"Serve API call ({label}) took {ms:.0f} ms"
-               + (f": {error}" if error else ""), ms=ms, error=error)  # fmt: skip
+        state["api_calls"] = [
+            *(state.get("api_calls") or []),
+            {"at": round(now, 3), "ms": ms, "when": label, "error": error},
+        ][-50:]
+        record_event(
+            run,
+            "serve_api_call",
+            f"Serve API call ({label}) took {ms:.0f} ms" + (f": {error}" if error else ""),
+            ms=ms,
+            error=error,
+        )
 
     def _reconciles(self, run: DrillRun, state: dict[str, Any]) -> None:
         """Reconciles that finished since the injection (the drill asks for one with each
@@ -78,49 +93,53 @@ class ControlPlaneDelay(ActiveFault):
         if run.injected_at is None:
             return
         finished = ReconcileRun.objects.filter(
-            started_at__gte=run.injected_at, finished_at__isnull=False,
+            started_at__gte=run.injected_at,
+            finished_at__isnull=False,
             pk__gt=int(state.get("reconcile_seen", 0)),
-        ).order_by("pk")[:20]  # fmt: skip
+        ).order_by("pk")[:20]
         for reconcile in finished:
             ms = round(float(reconcile.duration_ms or 0), 1)
-            state["reconciles"] = [*(state.get("reconciles") or []),
-                                   {"ms": ms, "skipped": reconcile.skipped,
-                                    "ok": reconcile.ok}][-50:]  # fmt: skip
+            state["reconciles"] = [
+                *(state.get("reconciles") or []),
+                {"ms": ms, "skipped": reconcile.skipped, "ok": reconcile.ok},
+            ][-50:]
             state["reconcile_seen"] = reconcile.pk
-            _event(run, "reconcile", f"reconcile took {ms:.0f} ms"
-                   + (" (nothing to apply)" if reconcile.skipped else ""), ms=ms,
-                   skipped=reconcile.skipped, ok=reconcile.ok)  # fmt: skip
+            record_event(
+                run,
+                "reconcile",
+                f"reconcile took {ms:.0f} ms"
+                + (" (nothing to apply)" if reconcile.skipped else ""),
+                ms=ms,
+                skipped=reconcile.skipped,
+                ok=reconcile.ok,
+            )
 
     def observe(self, run: DrillRun, now: float) -> str | None:
-        from django.db import transaction
-
-        from serving.deployments.tasks import reconcile
-
-        state = _state(run)
+        state = fault_state(run)
         self._reconciles(run, state)
         if now - float(state.get("measured_at", 0)) >= DELAY_MEASURE_EVERY_S:
             self._measure(run, state, now, "delayed")
             state["measured_at"] = now
-            transaction.on_commit(lambda: reconcile.delay())  # slowed like any other
-        _store(run, state)
+            reconcile_on_commit(always=True)  # slowed like any other
+        store_fault_state(run, state)
         return None
 
     def revert(self, run: DrillRun, now: float) -> str:
         from serving.deployments.chaos import control_delay_key
 
-        removed = _redis().eval(_DELETE_IF_OURS, 1, control_delay_key(), self._value(run))
+        removed = redis_client().eval(_DELETE_IF_OURS, 1, control_delay_key(), self._value(run))
         return "delay removed" if removed else "the delay key was already gone (TTL)"
 
     def wind_down(self, run: DrillRun, now: float) -> None:
-        state = _state(run)
+        state = fault_state(run)
         self._reconciles(run, state)
         if not state.get("measured_after"):
             self._measure(run, state, now, "after the revert")
             state["measured_after"] = True
-        _store(run, state)
+        store_fault_state(run, state)
 
     def failure(self, run: DrillRun) -> str | None:
-        state = _state(run)
+        state = fault_state(run)
         delay = float(run.snapshot["parameters"]["delay_ms"])
         delayed = [c for c in state.get("api_calls") or [] if c.get("when") == "delayed"]
         if not any(c["ms"] >= delay * 0.95 for c in delayed):

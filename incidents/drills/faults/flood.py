@@ -16,13 +16,13 @@ from incidents.drills.faults.base import (
     PROBE_BODY,
     REQUEST_TIMEOUT_S,
     ActiveFault,
-    _completions_url,
-    _event,
-    _prompt,
-    _remaining,
-    _state,
-    _store,
-    _whole,
+    completions_url,
+    fault_state,
+    fresh_prompt,
+    record_event,
+    remaining_s,
+    require_whole,
+    store_fault_state,
 )
 from incidents.drills.models import ChaosDrill, DrillRun
 
@@ -42,7 +42,7 @@ class TokenStarvation(ActiveFault):
     control_side = True
 
     def check(self, drill: ChaosDrill) -> None:
-        _whole(drill, "concurrency", "prompt_chars", "max_tokens")
+        require_whole(drill, "concurrency", "prompt_chars", "max_tokens")
 
     def _bystanders(self, run: DrillRun) -> list[tuple[int, str]]:
         """Other tenants' running deployments beside this one: its shared pool's other
@@ -56,11 +56,11 @@ class TokenStarvation(ActiveFault):
         if revision is not None and revision.kv_mode == KvMode.SHARED and revision.pool_id:
             others = others.filter(current_revision__pool_id=revision.pool_id)
         chosen = others.select_related("tenant").order_by("pk")[:MAX_BYSTANDERS]
-        return [(d.pk, _completions_url(d)) for d in chosen]
+        return [(d.pk, completions_url(d)) for d in chosen]
 
     def inject(self, run: DrillRun, now: float) -> str | None:
         try:
-            url = _completions_url(run.deployment)
+            url = completions_url(run.deployment)
             bystanders = self._bystanders(run)
         except Exception as exc:  # no cluster configured
             return f"aborted: no Serve proxy to flood: {exc}"
@@ -73,48 +73,69 @@ class TokenStarvation(ActiveFault):
             # the flood is cut to what fits (one position per character at worst).
             fits = max(16, context - int(params["max_tokens"]) - 16)
             if chars > fits:
-                _event(run, "prompt_clamped", f"flood prompts cut from {chars} to {fits} "
-                       f"characters: the model's context is {context} positions",
-                       prompt_chars=fits, context=context)  # fmt: skip
+                record_event(
+                    run,
+                    "prompt_clamped",
+                    f"flood prompts cut from {chars} to {fits} "
+                    f"characters: the model's context is {context} positions",
+                    prompt_chars=fits,
+                    context=context,
+                )
                 chars = fits
-        _store(run, {"url": url, "bystander_count": len(bystanders), "shared_pool": shared,
-                     "prompt_chars": chars, "flood": {}, "bystanders": {}})  # fmt: skip
+        store_fault_state(
+            run,
+            {
+                "url": url,
+                "bystander_count": len(bystanders),
+                "shared_pool": shared,
+                "prompt_chars": chars,
+                "flood": {},
+                "bystanders": {},
+            },
+        )
         if not bystanders:
-            _event(run, "no_bystanders", "no other tenant's deployment runs beside this one: "
-                   "only the flooding tenant's own steady state is judged")  # fmt: skip
+            record_event(
+                run,
+                "no_bystanders",
+                "no other tenant's deployment runs beside this one: "
+                "only the flooding tenant's own steady state is judged",
+            )
         return None
 
     def observe(self, run: DrillRun, now: float) -> str | None:
         from serving.deployments.keys import probe_key
 
-        budget = min(FLOOD_STEP_S, _remaining(run, now))
+        budget = min(FLOOD_STEP_S, remaining_s(run, now))
         if budget <= 0.2:
             return None
-        state = _state(run)
+        state = fault_state(run)
         params = run.snapshot["parameters"]
         targets = [(url, probe_key(pk)) for pk, url in self._bystanders(run)]
         flood, watch = asyncio.run(
             _flood(
-                url=_completions_url(run.deployment), key=probe_key(run.deployment_id),
+                url=completions_url(run.deployment),
+                key=probe_key(run.deployment_id),
                 concurrency=int(params["concurrency"]),
                 prompt_chars=int(state.get("prompt_chars") or params["prompt_chars"]),
-                max_tokens=int(params["max_tokens"]), seconds=budget, bystanders=targets,
+                max_tokens=int(params["max_tokens"]),
+                seconds=budget,
+                bystanders=targets,
             )
-        )  # fmt: skip
+        )
         state["flood"] = _add(state.get("flood") or {}, flood)
         before = state.get("bystanders") or {}
         merged = _add(before, {k: v for k, v in watch.items() if k != "max_ms"})
         merged["max_ms"] = max(float(before.get("max_ms", 0.0)), float(watch.get("max_ms", 0.0)))
         state["bystanders"] = merged
-        _store(run, state)
+        store_fault_state(run, state)
         return None
 
     def revert(self, run: DrillRun, now: float) -> str:
-        flood = _state(run).get("flood") or {}
+        flood = fault_state(run).get("flood") or {}
         return f"flood stopped after {flood.get('sent', 0)} requests"
 
     def failure(self, run: DrillRun) -> str | None:
-        state = _state(run)
+        state = fault_state(run)
         flood, watch = state.get("flood") or {}, state.get("bystanders") or {}
         if not flood.get("ok") and not flood.get("refused_quota"):
             return (
@@ -158,8 +179,14 @@ async def _flood(
     longest may never fit the tenant's KV quota, the shorter ones queue for it."""
     import httpx
 
-    flood: dict[str, Any] = {"sent": 0, "ok": 0, "refused_quota": 0, "errors": 0,
-                             "timeouts": 0, "statuses": {}}  # fmt: skip
+    flood: dict[str, Any] = {
+        "sent": 0,
+        "ok": 0,
+        "refused_quota": 0,
+        "errors": 0,
+        "timeouts": 0,
+        "statuses": {},
+    }
     watch: dict[str, Any] = {"probes": 0, "failed": 0, "total_ms": 0.0, "max_ms": 0.0}
     end = time.monotonic() + seconds
     auth = {"authorization": f"Bearer {key}"}
@@ -169,7 +196,7 @@ async def _flood(
         async def flooder() -> None:
             while time.monotonic() < end:
                 chars = random.randint(max(16, prompt_chars // 4), prompt_chars)  # noqa: S311
-                body = {"prompt": _prompt(chars), "max_tokens": max_tokens, "temperature": 0}
+                body = {"prompt": fresh_prompt(chars), "max_tokens": max_tokens, "temperature": 0}
                 flood["sent"] += 1
                 try:
                     answer = await http.post(url, json=body, headers=auth)
@@ -193,9 +220,10 @@ async def _flood(
             started = time.perf_counter()
             try:
                 answer = await http.post(
-                    target, json={**PROBE_BODY, "prompt": "drill bystander probe"},
+                    target,
+                    json={**PROBE_BODY, "prompt": "drill bystander probe"},
                     headers={"authorization": f"Bearer {probe_key}", "x-portal-probe": "1"},
-                )  # fmt: skip
+                )
                 ok = answer.status_code == 200
             except httpx.HTTPError:
                 ok = False

@@ -16,13 +16,13 @@ from incidents.drills.faults.base import (
     REPLAY_STEP_S,
     REQUEST_TIMEOUT_S,
     ActiveFault,
-    _completions_url,
-    _prompt,
-    _remaining,
-    _replica_snapshots,
-    _state,
-    _store,
-    _whole,
+    completions_url,
+    fault_state,
+    fresh_prompt,
+    remaining_s,
+    replica_snapshots,
+    require_whole,
+    store_fault_state,
 )
 from incidents.drills.models import ChaosDrill, DrillRun
 from portal.exceptions import ValidationFailed
@@ -41,7 +41,7 @@ def drill_probe_key(run_id: int) -> str:
 
 class KvPollutionProbe(ActiveFault):
     def check(self, drill: ChaosDrill) -> None:
-        _whole(drill, "replays_per_step", "prompt_chars")
+        require_whole(drill, "replays_per_step", "prompt_chars")
         if drill.group != "stable":
             raise ValidationFailed(
                 "kv_pollution_probe runs on the stable slot (the router, which takes the probe "
@@ -77,12 +77,22 @@ class KvPollutionProbe(ActiveFault):
         # The tenant's cumulative hits before the first replay: later ones are the drill's.
         tenant = str(run.tenant_id)
         base = {
-            str(r.get("replica")): int(((r.get("kv") or {}).get("tenants") or {})
-                                      .get(tenant, {}).get("prefix_hits", 0))
-            for r in _replica_snapshots(run.deployment, "stable")
-        }  # fmt: skip
-        _store(run, {"own_base": base, "replicas": {}, "replays_sent": 0, "replays_ok": 0,
-                     "replays_refused": {}, "tenant_requests": 0})  # fmt: skip
+            str(r.get("replica")): int(
+                ((r.get("kv") or {}).get("tenants") or {}).get(tenant, {}).get("prefix_hits", 0)
+            )
+            for r in replica_snapshots(run.deployment, "stable")
+        }
+        store_fault_state(
+            run,
+            {
+                "own_base": base,
+                "replicas": {},
+                "replays_sent": 0,
+                "replays_ok": 0,
+                "replays_refused": {},
+                "tenant_requests": 0,
+            },
+        )
 
     def _read(self, run: DrillRun, state: dict[str, Any]) -> None:
         """Merge the replicas' counters: cumulative, so a value only ever grows (a replica
@@ -90,19 +100,23 @@ class KvPollutionProbe(ActiveFault):
         tenant, identity = str(run.tenant_id), f"drill-probe:{run.pk}"
         replicas = dict(state.get("replicas") or {})
         base = state.get("own_base") or {}
-        for snapshot in _replica_snapshots(run.deployment, "stable"):
+        for snapshot in replica_snapshots(run.deployment, "stable"):
             name = str(snapshot.get("replica"))
             tenants = (snapshot.get("kv") or {}).get("tenants") or {}
             probe, own = tenants.get(identity) or {}, tenants.get(tenant) or {}
             seen = replicas.get(name) or {}
             replicas[name] = {
-                "cross_tenant_hits": max(int(seen.get("cross_tenant_hits", 0)),
-                                         int(probe.get("prefix_hits", 0))),
-                "replay_queries": max(int(seen.get("replay_queries", 0)),
-                                      int(probe.get("prefix_queries", 0))),
-                "own_repeat_hits": max(int(seen.get("own_repeat_hits", 0)),
-                                       int(own.get("prefix_hits", 0)) - int(base.get(name, 0))),
-            }  # fmt: skip
+                "cross_tenant_hits": max(
+                    int(seen.get("cross_tenant_hits", 0)), int(probe.get("prefix_hits", 0))
+                ),
+                "replay_queries": max(
+                    int(seen.get("replay_queries", 0)), int(probe.get("prefix_queries", 0))
+                ),
+                "own_repeat_hits": max(
+                    int(seen.get("own_repeat_hits", 0)),
+                    int(own.get("prefix_hits", 0)) - int(base.get(name, 0)),
+                ),
+            }
         state["replicas"] = replicas
         for key in ("cross_tenant_hits", "replay_queries", "own_repeat_hits"):
             state[key] = sum(r[key] for r in replicas.values())
@@ -119,7 +133,7 @@ class KvPollutionProbe(ActiveFault):
         from serving.deployments.keys import probe_key
 
         params = run.snapshot["parameters"]
-        url = _completions_url(run.deployment)
+        url = completions_url(run.deployment)
         tenant_key, identity_key = probe_key(run.deployment_id), drill_probe_key(run.pk)
         refused = dict(state.get("replays_refused") or {})
         deadline = time.monotonic() + REPLAY_STEP_S
@@ -127,7 +141,7 @@ class KvPollutionProbe(ActiveFault):
             for _ in range(int(params["replays_per_step"])):
                 if time.monotonic() > deadline:  # a slow data plane: the next step goes on
                     break
-                body = {**PROBE_BODY, "prompt": _prompt(int(params["prompt_chars"]))}
+                body = {**PROBE_BODY, "prompt": fresh_prompt(int(params["prompt_chars"]))}
                 for _ in range(2):
                     http.post(url, json=body, headers={"authorization": f"Bearer {tenant_key}"})
                     state["tenant_requests"] = int(state.get("tenant_requests", 0)) + 1
@@ -145,15 +159,15 @@ class KvPollutionProbe(ActiveFault):
     def observe(self, run: DrillRun, now: float) -> str | None:
         import httpx
 
-        state = _state(run)
+        state = fault_state(run)
         self._read(run, state)
-        if _remaining(run, now) > REPLAY_MARGIN_S:
+        if remaining_s(run, now) > REPLAY_MARGIN_S:
             try:
                 self._replay(run, state)
             except httpx.HTTPError as exc:
                 state["transport_errors"] = int(state.get("transport_errors", 0)) + 1
                 state["last_error"] = str(exc)[:200]
-        _store(run, state)
+        store_fault_state(run, state)
         return self._broken(run, state)
 
     def _broken(self, run: DrillRun, state: dict[str, Any]) -> str | None:
@@ -166,12 +180,12 @@ class KvPollutionProbe(ActiveFault):
         )
 
     def wind_down(self, run: DrillRun, now: float) -> None:
-        state = _state(run)
+        state = fault_state(run)
         self._read(run, state)
-        _store(run, state)
+        store_fault_state(run, state)
 
     def failure(self, run: DrillRun) -> str | None:
-        state = _state(run)
+        state = fault_state(run)
         broken = self._broken(run, state)
         if broken:
             return broken

@@ -8,11 +8,11 @@ from typing import Any
 
 from incidents.drills.faults.base import (
     ActiveFault,
-    _event,
-    _replica_snapshots,
-    _state,
-    _store,
-    _whole,
+    fault_state,
+    record_event,
+    replica_snapshots,
+    require_whole,
+    store_fault_state,
 )
 from incidents.drills.models import ChaosDrill, DrillRun
 from portal.exceptions import ValidationFailed
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 class WeightSwapJitter(ActiveFault):
     def check(self, drill: ChaosDrill) -> None:
-        _whole(drill, "reloads")
+        require_whole(drill, "reloads")
         params = drill.parameters
         need = (int(params["reloads"]) - 1) * float(params["interval_s"])
         if need >= drill.duration_s:
@@ -36,10 +36,13 @@ class WeightSwapJitter(ActiveFault):
         return {"reload": 1}  # the injection is the first reload
 
     def injected(self, run: DrillRun, now: float) -> None:
-        _store(run, {"reloads_written": 1, "last_reload_at": now, "applied": {}})
+        store_fault_state(run, {"reloads_written": 1, "last_reload_at": now, "applied": {}})
         number = run.fault_revision.number if run.fault_revision else "?"
-        _event(run, "reload", f"hot reload 1/{run.snapshot['parameters']['reloads']} "
-               f"(revision {number})")  # fmt: skip
+        record_event(
+            run,
+            "reload",
+            f"hot reload 1/{run.snapshot['parameters']['reloads']} (revision {number})",
+        )
 
     def _nonce(self, run: DrillRun) -> int | None:
         """The nonce in the current revision, while the fault there is this run's."""
@@ -53,7 +56,7 @@ class WeightSwapJitter(ActiveFault):
         """Which reload each replica reports done (and how long it took), and the slot's
         requests and errors since the injection."""
         applied = dict(state.get("applied") or {})
-        for snapshot in _replica_snapshots(run.deployment, run.snapshot["group"]):
+        for snapshot in replica_snapshots(run.deployment, run.snapshot["group"]):
             reload = (snapshot.get("kv") or {}).get("fault_reload") or {}
             if reload.get("drill") == str(run.pk):
                 applied[str(snapshot.get("replica"))] = {
@@ -68,7 +71,7 @@ class WeightSwapJitter(ActiveFault):
     def observe(self, run: DrillRun, now: float) -> str | None:
         from serving.deployments import services as deployments
 
-        state = _state(run)
+        state = fault_state(run)
         self._read(run, state, now)
         nonce = self._nonce(run)
         params = run.snapshot["parameters"]
@@ -78,26 +81,32 @@ class WeightSwapJitter(ActiveFault):
             faults = dict(run.deployment.current_revision.faults or {})  # type: ignore[union-attr]
             faults[group] = {**faults[group], "weight_swap_jitter": {"reload": nonce + 1}}
             revision = deployments.deployment_change(
-                tenant=run.deployment.tenant, actor=_actor(run), deployment=run.deployment,
+                tenant=run.deployment.tenant,
+                actor=_actor(run),
+                deployment=run.deployment,
                 changes={"faults": faults},
                 reason=f"drill {run.drill.name} (run {run.pk}): hot reload {nonce + 1}/"
                 f"{params['reloads']}",
                 action="drill.weight_reload",
-            )  # fmt: skip
+            )
             state["reloads_written"] = nonce + 1
             state["last_reload_at"] = now
-            _event(run, "reload", f"hot reload {nonce + 1}/{params['reloads']} (revision "
-                   f"{revision.number})", revision=revision.number)  # fmt: skip
-        _store(run, state)
+            record_event(
+                run,
+                "reload",
+                f"hot reload {nonce + 1}/{params['reloads']} (revision {revision.number})",
+                revision=revision.number,
+            )
+        store_fault_state(run, state)
         return None
 
     def wind_down(self, run: DrillRun, now: float) -> None:
-        state = _state(run)
+        state = fault_state(run)
         self._read(run, state, now)
-        _store(run, state)
+        store_fault_state(run, state)
 
     def failure(self, run: DrillRun) -> str | None:
-        state = _state(run)
+        state = fault_state(run)
         if state.get("failed_reloads"):
             return f"hot reload failed on replicas {', '.join(state['failed_reloads'])}"
         if state.get("errors"):

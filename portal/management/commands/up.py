@@ -191,12 +191,23 @@ class Command(BaseCommand):
                 Part(
                     "worker",
                     [
-                        py, "-m", "celery", "-A", "portal", "worker",
-                        "-Q", "default,health,chaos", "--concurrency", "2",
-                        "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+                        py,
+                        "-m",
+                        "celery",
+                        "-A",
+                        "portal",
+                        "worker",
+                        "-Q",
+                        "default,health,chaos",
+                        "--concurrency",
+                        "2",
+                        "--loglevel",
+                        "INFO",
+                        "--without-gossip",
+                        "--without-mingle",
                     ],
                 )
-            )  # fmt: skip
+            )
         if not opts["no_beat"]:
             schedule = str(settings.DATA_DIR / "celerybeat-schedule")
             parts.append(

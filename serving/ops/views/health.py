@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
-from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from redis.exceptions import RedisError
 
@@ -23,7 +22,8 @@ from serving.deployments import selectors as deployment_selectors
 from serving.deployments.models import Deployment
 from serving.ops import contracts, health
 from serving.ops import forms as ops_forms
-from serving.ops.models import Resolution, SliSample
+from serving.ops import selectors as ops_selectors
+from serving.ops.models import Resolution
 from serving.slo.counts import pct
 from serving.slo.errors import FieldError
 from tenants.models import Scope, Tenant
@@ -105,9 +105,11 @@ def contract_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse
     before = contracts.contract_current(tenant=tenant, deployment=deployment)
     try:
         row = contracts.contract_set(
-            tenant=tenant, actor=page_actor(request), deployment=deployment,
+            tenant=tenant,
+            actor=page_actor(request),
+            deployment=deployment,
             source=form.cleaned_data["source"],
-        )  # fmt: skip
+        )
     except contracts.ContractInvalid as exc:
         return _contract_page(request, tenant, deployment, form=form, errors=exc.errors)
     except PortalError as exc:
@@ -150,9 +152,11 @@ def contract_import(request: HttpRequest, tenant: Tenant, pk: int) -> HttpRespon
         return _contract_page(request, tenant, deployment, import_form=form)
     try:
         row, warnings = contracts.contract_import_openslo(
-            tenant=tenant, actor=page_actor(request), deployment=deployment,
+            tenant=tenant,
+            actor=page_actor(request),
+            deployment=deployment,
             text=form.cleaned_data["text"],
-        )  # fmt: skip
+        )
     except contracts.ContractInvalid as exc:
         return _contract_page(
             request, tenant, deployment, import_form=form, import_errors=exc.errors
@@ -191,7 +195,7 @@ def _objective_view(objective: dict[str, Any], windows: list[str]) -> dict[str, 
         "bar": bar,
         "burns": [
             {"window": w, "value": burns.get(w), "hot": (burns.get(w) or 0) >= 1} for w in windows
-        ],  # fmt: skip
+        ],
     }
 
 
@@ -211,14 +215,16 @@ def health_view(deployment: Deployment) -> dict[str, Any]:
         windows = list(dict.fromkeys(w for o in objectives for w in o.get("burn_rates") or {}))
         if kv and kv.get("blocks_total"):
             kv = {**kv, "usage": f"{kv['blocks_used'] / kv['blocks_total']:.0%}"}
-        slots.append({
-            "group": group,
-            "windows": windows,
-            "objectives": [_objective_view(o, windows) for o in objectives],
-            "firing": (evaluation or {}).get("firing", []),
-            "worst_action": (evaluation or {}).get("worst_action"),
-            "kv": kv,
-        })  # fmt: skip
+        slots.append(
+            {
+                "group": group,
+                "windows": windows,
+                "objectives": [_objective_view(o, windows) for o in objectives],
+                "firing": (evaluation or {}).get("firing", []),
+                "worst_action": (evaluation or {}).get("worst_action"),
+                "kv": kv,
+            }
+        )
     checked = raw.get("checked_at")
     age = time.time() - float(checked) if checked else None
     return {
@@ -260,10 +266,9 @@ def sli_series(tenant: Tenant, deployment: Deployment, range_name: str) -> dict[
     summed into buckets so a range never has more than MAX_POINTS points."""
     seconds, resolution = RANGES[range_name]
     bucket = max(int(resolution), math.ceil(seconds / MAX_POINTS))
-    rows = SliSample.objects.filter(
-        tenant=tenant, deployment=deployment, resolution=resolution,
-        end__gte=timezone.now() - timedelta(seconds=seconds),
-    ).values_list("group", "start", "end", "requests", "errors", "rejected", "latency")  # fmt: skip
+    rows = ops_selectors.sli_window(
+        tenant=tenant, deployment=deployment, resolution=resolution, seconds=seconds
+    ).values_list("group", "start", "end", "requests", "errors", "rejected", "latency")
     sums: dict[str, dict[int, list[Any]]] = {}
     for group, start, end, requests, errors, rejected, latency in rows.iterator():
         key = int(end.timestamp()) // bucket * bucket

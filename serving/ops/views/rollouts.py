@@ -42,7 +42,7 @@ def _rollout_steps(rollout: Rollout) -> list[dict[str, Any]]:
             "state": "done"
             if finished or index < rollout.step_index
             else ("current" if index == rollout.step_index else "pending"),
-        }  # fmt: skip
+        }
         for index, step in enumerate(rollout.steps)
     ]
 
@@ -76,17 +76,23 @@ def _rollback_context(
             "to_revision__stable_version__model",
             "new_revision",
             "created_by",
-        )  # fmt: skip
+        )
         .order_by("-created_at")[:20]
     )
 
     def span(a: datetime | None, b: datetime | None) -> float | None:
         return None if a is None or b is None else (b - a).total_seconds()
 
-    history = [{"r": r, "to_start": span(r.detected_at, r.started_at),
-                "to_switch": span(r.started_at, r.traffic_switched_at),
-                "to_finish": span(r.traffic_switched_at, r.finished_at),
-                "total": span(r.detected_at, r.finished_at)} for r in rows]  # fmt: skip
+    history = [
+        {
+            "r": r,
+            "to_start": span(r.detected_at, r.started_at),
+            "to_switch": span(r.started_at, r.traffic_switched_at),
+            "to_finish": span(r.traffic_switched_at, r.finished_at),
+            "total": span(r.detected_at, r.finished_at),
+        }
+        for r in rows
+    ]
     current = deployment.current_revision
     target = rollbacks.rollback_target(deployment, current) if current is not None else None
     return {
@@ -148,9 +154,11 @@ def rollout_policy(request: HttpRequest, tenant: Tenant, pk: int) -> HttpRespons
     if form.is_valid():
         try:
             rollouts.policy_set(
-                tenant=tenant, actor=page_actor(request), deployment=deployment,
+                tenant=tenant,
+                actor=page_actor(request),
+                deployment=deployment,
                 values=form.cleaned_data,
-            )  # fmt: skip
+            )
         except PortalError as exc:
             form.add_error(form.error_field(exc.field), form.error_message(exc.field, exc.message))
         else:
@@ -168,9 +176,11 @@ def rollout_start(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse
     if form.is_valid():
         try:
             rollout = rollouts.rollout_start(
-                tenant=tenant, actor=page_actor(request), deployment=deployment,
+                tenant=tenant,
+                actor=page_actor(request),
+                deployment=deployment,
                 version_id=form.cleaned_data["version"].pk,
-            )  # fmt: skip
+            )
         except PortalError as exc:
             form.add_error(None, exc.message)
         else:
@@ -190,8 +200,9 @@ def rollout_action(
     service, done = ROLLOUT_ACTIONS[action]
     rollout = get_for_tenant(
         Rollout.objects.filter(deployment=deployment).select_related("deployment"),
-        tenant=tenant, pk=rollout_pk,
-    )  # fmt: skip
+        tenant=tenant,
+        pk=rollout_pk,
+    )
     try:
         service(tenant=tenant, actor=page_actor(request), rollout=rollout)
     except PortalError as exc:
@@ -213,10 +224,12 @@ def rollbacks_panel(request: HttpRequest, tenant: Tenant, pk: int) -> HttpRespon
     require_deploy(request)
     try:
         rollback, created = rollbacks.rollback_request(
-            tenant=tenant, deployment=deployment, trigger="manual",
+            tenant=tenant,
+            deployment=deployment,
+            trigger="manual",
             reason=f"rolled back by {request.user.email} from the portal",  # type: ignore[union-attr]
             actor=page_actor(request),
-        )  # fmt: skip
+        )
     except PortalError as exc:
         messages.error(request, exc.message)
     else:

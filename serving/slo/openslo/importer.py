@@ -1,9 +1,9 @@
-"""OpenSLO v1 export and import of the parts of a contract that OpenSLO can state.
+"""OpenSLO v1 import: a contract from OpenSLO documents, with a warning for what does not map.
 
-Ratio objectives become SLOs with a ratioMetric of metric source type `aiops-portal`; burn-rate
-alerts become AlertCondition (kind burnrate) + AlertPolicy documents. OpenSLO has one window per
-burnrate condition, so the long window goes to lookbackWindow, the short one to alertAfter, and
-an annotation says that both must burn. Gauge objectives, fast rules and the gate do not map.
+`import_openslo` reads a multi-document stream (one node budget for all of it), maps every SLO
+with a ratioMetric indicator to an objective, follows alertPolicyRef/conditionRef to burnrate
+AlertConditions, and validates the contract it builds like any other contract document; errors
+are paths into the OpenSLO documents.
 """
 
 from __future__ import annotations
@@ -25,20 +25,13 @@ from serving.slo.model import (
     RATIO_SLIS,
     AlertRule,
     Contract,
-    Objective,
     format_duration,
     parse_duration,
 )
+from serving.slo.openslo.export import OPENSLO_VERSION, PREFIX, SOURCE_TYPE, dns, unique
 from serving.slo.parse import validate_document
 from serving.slo.source import compose, line_of
 
-OPENSLO_VERSION = "openslo/v1"
-SOURCE_TYPE = "aiops-portal"
-PREFIX = "aiops.portal/"
-BOTH_WINDOWS_NOTE = (
-    "fires only when the burn rate over lookbackWindow (the long window) and over alertAfter "
-    "(the short window) are both at or above threshold"
-)
 _OPENSLO_UNITS = {"w": 7 * 86400}
 
 
@@ -48,116 +41,6 @@ def _d(value: Any) -> dict[str, Any]:
 
 def _l(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
-
-
-def _dns(text: str) -> str:
-    slug = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
-    slug = re.sub(r"-{2,}", "-", slug)[:63].strip("-")
-    return slug or "objective"
-
-
-def _alert_name(contract: Contract, alert: AlertRule) -> str:
-    rate = f"{alert.burn_rate:g}".replace(".", "-")
-    tail = f"-{alert.severity}-{rate}x-{format_duration(alert.long)}-{format_duration(alert.short)}"
-    return _dns(contract.name[: 63 - len(tail)] + tail)
-
-
-def _metric(objective: Objective, events: str) -> dict[str, Any]:
-    spec: dict[str, Any] = {"sli": objective.sli, "events": events}
-    if objective.threshold_ms is not None:
-        spec["threshold_ms"] = objective.threshold_ms
-    if objective.sli == "error_rate":
-        spec["max"] = objective.max
-    return {"metricSource": {"type": SOURCE_TYPE, "spec": spec}}
-
-
-def _doc(kind: str, metadata: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": OPENSLO_VERSION, "kind": kind, "metadata": metadata, "spec": spec}
-
-
-def _unique(name: str, taken: list[str]) -> str:
-    base, number = name, 2
-    while name in taken:
-        name, number = _dns(f"{base[:58]}-{number}"), number + 1
-    taken.append(name)
-    return name
-
-
-def export_openslo(contract: Contract, *, service: str) -> str:
-    """Multi-document OpenSLO v1 YAML: alert conditions and policies, then one SLO per objective."""
-    documents: list[dict[str, Any]] = []
-    policies: list[str] = []
-    for alert in contract.alerts:
-        name = _unique(_alert_name(contract, alert), policies)
-        annotations = {
-            f"{PREFIX}action": alert.action,
-            f"{PREFIX}short-window": format_duration(alert.short),
-            f"{PREFIX}note": BOTH_WINDOWS_NOTE,
-        }
-        condition = {
-            "kind": "burnrate",
-            "op": "gte",
-            "threshold": alert.burn_rate,
-            "lookbackWindow": format_duration(alert.long),
-            "alertAfter": format_duration(alert.short),
-        }
-        description = f"error budget burning {alert.burn_rate:g}x: {alert.action}"
-        documents.append(
-            _doc(
-                "AlertCondition",
-                {"name": name, "annotations": annotations},
-                {"description": description, "severity": alert.severity, "condition": condition},
-            )
-        )
-        policy = {
-            "description": description,
-            "alertWhenBreaching": True,
-            "alertWhenResolved": False,
-            "alertWhenNoData": False,
-            "conditions": [{"conditionRef": name}],
-        }
-        action = {f"{PREFIX}action": alert.action}
-        documents.append(_doc("AlertPolicy", {"name": name, "annotations": action}, policy))
-    slo_names: list[str] = []
-    for objective in contract.ratio_objectives:
-        name = _unique(_dns(f"{contract.name[:31]}-{objective.name}"), slo_names)
-        annotations = {
-            f"{PREFIX}contract": contract.name,
-            f"{PREFIX}objective": objective.name,
-            f"{PREFIX}sli": objective.sli,
-        }
-        if contract.description:
-            annotations[f"{PREFIX}description"] = contract.description
-        ratio = {
-            "counter": True,
-            "good": _metric(objective, "good"),
-            "total": _metric(objective, "total"),
-        }
-        indicator = {"name": _dns(name[:59] + "-sli"), "displayName": objective.name}
-        spec: dict[str, Any] = {
-            "description": f"{objective.sli} objective of SLA contract {contract.name}",
-            "service": service,
-            "indicator": {"metadata": indicator, "spec": {"ratioMetric": ratio}},
-            "timeWindow": [{"duration": format_duration(contract.window), "isRolling": True}],
-            "budgetingMethod": "Occurrences",
-            "objectives": [{"displayName": objective.name, "target": objective.target}],
-        }
-        if policies:
-            spec["alertPolicies"] = [{"alertPolicyRef": p} for p in policies]
-        metadata = {"name": name, "displayName": objective.name, "annotations": annotations}
-        documents.append(_doc("SLO", metadata, spec))
-    return _header(contract) + yaml.safe_dump_all(documents, sort_keys=False)
-
-
-def _header(contract: Contract) -> str:
-    lines = [f"# OpenSLO v1 export of SLA contract '{contract.name}' by the AI ops portal."]
-    left_out = [f"gauge objective '{o.name}'" for o in contract.gauge_objectives]
-    left_out += [f"fast rule '{r.name}'" for r in contract.fast]
-    if contract.gate.mode != "off":
-        left_out.append(f"the promotion gate ({contract.gate.mode})")
-    if left_out:
-        lines.append("# Not exported (no OpenSLO equivalent): " + ", ".join(left_out) + ".")
-    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -222,7 +105,7 @@ def _check_stream_budget(text: str) -> None:
         return  # compose refuses it before reading
     budget = source.MAX_NODES
     try:
-        loader = source._Loader(text)
+        loader = source.ContractLoader(text)
     except yaml.YAMLError:
         return
     try:
@@ -320,8 +203,8 @@ def _import_slo(
         if any(k in entry for k in ("op", "value", "timeSliceTarget", "indicator")):
             state.warnings.append(f"{where}: objectives[{number}] op/value/timeslices ignored")
         name = annotations.get(f"{PREFIX}objective") if len(objectives) == 1 else None
-        name = _dns(str(name or entry.get("displayName") or metadata.get("name") or sli))
-        item: dict[str, Any] = {"name": _unique(name, [o["name"] for o in state.objectives])}
+        name = dns(str(name or entry.get("displayName") or metadata.get("name") or sli))
+        item: dict[str, Any] = {"name": unique(name, [o["name"] for o in state.objectives])}
         item["sli"] = sli
         if sli == "error_rate":
             item["max"] = source_spec.get("max") or round(1.0 - float(target), 12)
@@ -334,7 +217,7 @@ def _import_slo(
         return
     if state.window is None:
         state.window = window
-        state.name = annotations.get(f"{PREFIX}contract") or _dns(str(spec.get("service", "")))
+        state.name = annotations.get(f"{PREFIX}contract") or dns(str(spec.get("service", "")))
         state.description = str(annotations.get(f"{PREFIX}description", ""))
     elif window != state.window:
         state.warnings.append(f"{where}: window {format_duration(window)} differs; first one used")
@@ -442,7 +325,7 @@ def _build(state: _Import) -> Contract:
         spec["alerts"] = [a.to_dict() for a in alerts]
     else:
         state.warnings.append("no burnrate alert conditions map; the default alerts apply")
-    metadata = {"name": _dns(state.name or "imported-slo")}
+    metadata = {"name": dns(state.name or "imported-slo")}
     if state.description:
         metadata["description"] = state.description
     document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
@@ -450,6 +333,3 @@ def _build(state: _Import) -> Contract:
     if errors:
         raise ContractError(errors)
     return Contract.from_dict(document)
-
-
-__all__ = ["export_openslo", "import_openslo"]

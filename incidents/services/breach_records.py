@@ -1,6 +1,6 @@
-"""All writes of incidents: breaches open (or join) incidents, status changes, notes, rollback
-links and timeline events. Each service owns its transaction; the live pages and the
-notification channels hear about a write only once it is committed.
+"""Breach recording: a breach opens an incident, joins the open one of its deployment slot
+(deduplicated, safe under concurrency), or only counts again; a worse breach escalates its
+incident. Each service owns its transaction; the channels hear about it once committed.
 """
 
 from __future__ import annotations
@@ -11,97 +11,29 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
-from django.utils import timezone
 
 from incidents.models import (
     SEVERITY_RANK,
-    STAGES,
     BreachAction,
     BreachGroup,
     BreachKind,
     EventKind,
     Incident,
-    IncidentEvent,
     IncidentStatus,
     Severity,
     SlaBreach,
 )
 from incidents.notifications import delivery as notify
-from incidents.notifications.services import (
-    notification_channel_create,
-    notification_channel_delete,
-    notification_channel_update,
-)
-from incidents.rca.services import cause_rule_create, cause_rule_delete, cause_rule_update
-from portal.exceptions import ConflictError, ValidationFailed
+from incidents.services.incidents import AUTOMATION, timeline_append
+from portal.exceptions import ValidationFailed
 from portal.validation import clean_or_fail
 from serving.deployments.models import Deployment
-from serving.ops.models import Rollback, RollbackStatus
-from tenants.actors import Actor
 from tenants.models import Tenant
 from tenants.services import audit_record
 
 logger = logging.getLogger(__name__)
 
-# The configuration services (rules, channels) live in incidents.configuration, exported here.
-__all__ = [
-    "breach_record",
-    "cause_rule_create",
-    "cause_rule_delete",
-    "cause_rule_update",
-    "incident_acknowledge",
-    "incident_event_append",
-    "incident_link_rollback",
-    "incident_mitigate",
-    "incident_note",
-    "incident_resolve",
-    "incident_rollback_finished",
-    "incident_rollback_started",
-    "notification_channel_create",
-    "notification_channel_delete",
-    "notification_channel_update",
-]
-
-
-AUTOMATION = Actor(system="incidents")
 DEDUP_RETRIES = 3
-NOTE_MAX_CHARS = 10_000
-
-# Where each status may go next: forward only, stages may be skipped.
-NEXT: dict[str, set[str]] = {
-    str(status): {str(later) for later, _ in STAGES[index + 1 :]}
-    for index, (status, _) in enumerate(STAGES)
-}
-
-
-def _append(
-    *,
-    tenant: Tenant,
-    incident: Incident,
-    kind: str,
-    message: str,
-    data: dict[str, Any] | None = None,
-    actor: Actor | None = None,
-    at: datetime | None = None,
-) -> IncidentEvent:
-    """One timeline event, inside the caller's transaction; broadcast on commit."""
-    if kind not in EventKind.values:
-        raise ValidationFailed(f"must be one of {', '.join(EventKind.values)}.", field="kind")
-    actor = actor or AUTOMATION
-    event = IncidentEvent(
-        tenant=tenant,
-        incident=incident,
-        kind=kind,
-        at=at or timezone.now(),
-        actor_id=actor.user_id,
-        actor_label=actor.label[:200],
-        message=message,
-        data=data or {},
-    )
-    clean_or_fail(event, exclude=["incident", "tenant", "actor"])
-    event.save()
-    notify.broadcast_on_commit(incident, kind)
-    return event
 
 
 def _escalate(tenant: Tenant, incident: Incident, fields: dict[str, Any], at: datetime) -> None:
@@ -111,7 +43,7 @@ def _escalate(tenant: Tenant, incident: Incident, fields: dict[str, Any], at: da
         return
     before, incident.severity = incident.severity, fields["severity"]
     incident.save(update_fields=["severity"])
-    event = _append(
+    event = timeline_append(
         tenant=tenant,
         incident=incident,
         kind=EventKind.ESCALATED,
@@ -274,7 +206,7 @@ def _breach_record_once(
         clean_or_fail(breach, exclude=["tenant", "deployment", "incident"])
         breach.save()
         _escalate(tenant, open_incident, fields, detected_at)
-        _append(
+        timeline_append(
             tenant=tenant,
             incident=open_incident,
             kind=EventKind.BREACH,
@@ -285,7 +217,7 @@ def _breach_record_once(
                 "objective": fields["objective"],
                 "group": fields["group"],
                 "action": fields["action"],
-            },  # fmt: skip
+            },
             at=detected_at,
         )
         return breach, open_incident, False
@@ -319,7 +251,7 @@ def _breach_record_once(
     breach.save()
     incident.first_breach = breach
     incident.save(update_fields=["first_breach"])
-    event = _append(
+    event = timeline_append(
         tenant=tenant,
         incident=incident,
         kind=EventKind.BREACH,
@@ -342,166 +274,3 @@ def _breach_record_once(
     )
     notify.deliveries_create(tenant=tenant, incident=incident, event=event)
     return breach, incident, True
-
-
-def _locked(tenant: Tenant, incident: Incident) -> Incident:
-    return Incident.objects.select_for_update().get(pk=incident.pk, tenant=tenant)
-
-
-def _move(
-    *, tenant: Tenant, actor: Actor | None, incident: Incident, to: str, reason: str = ""
-) -> Incident:
-    """One status change: ordered timestamps, a status_changed event, an audit row, the
-    channels told. Moving to the current status again is a no-op (retries are safe)."""
-    actor = actor or AUTOMATION
-    with transaction.atomic():
-        locked = _locked(tenant, incident)
-        before = locked.status
-        if before == to:
-            return locked
-        if to not in NEXT[before]:
-            raise ConflictError(f"an incident that is {before} cannot become {to}.", field="status")
-        stamps = [getattr(locked, f) for _, f in STAGES if getattr(locked, f) is not None]
-        at = max([timezone.now(), *stamps])  # a clock behind the detector's never reorders
-        field = dict(STAGES)[IncidentStatus(to)]
-        setattr(locked, field, at)
-        locked.status = to
-        clean_or_fail(locked, exclude=["tenant", "deployment", "rollback", "first_breach"])
-        locked.save(update_fields=["status", field])
-        message = f"{before} -> {to}" + (f": {reason}" if reason else "")
-        event = _append(
-            tenant=tenant,
-            incident=locked,
-            kind=EventKind.STATUS_CHANGED,
-            message=message,
-            data={"from": before, "to": to},
-            actor=actor,
-            at=at,
-        )
-        audit_record(
-            tenant=tenant,
-            actor=actor,
-            action=f"incident.{to}",
-            obj=locked,
-            before={"status": before},
-            after={"status": to},
-        )
-        notify.deliveries_create(tenant=tenant, incident=locked, event=event)
-    incident.status = locked.status
-    setattr(incident, field, at)
-    return locked
-
-
-def incident_acknowledge(*, tenant: Tenant, actor: Actor, incident: Incident) -> Incident:
-    return _move(tenant=tenant, actor=actor, incident=incident, to=IncidentStatus.ACKNOWLEDGED)
-
-
-def incident_mitigate(
-    *, tenant: Tenant, actor: Actor | None, incident: Incident, reason: str = ""
-) -> Incident:
-    """Mitigated by a human or (actor None) by the automation, e.g. a finished rollback."""
-    return _move(
-        tenant=tenant, actor=actor, incident=incident, to=IncidentStatus.MITIGATED, reason=reason
-    )
-
-
-def incident_resolve(
-    *, tenant: Tenant, actor: Actor | None, incident: Incident, reason: str = ""
-) -> Incident:
-    return _move(
-        tenant=tenant, actor=actor, incident=incident, to=IncidentStatus.RESOLVED, reason=reason
-    )
-
-
-def incident_note(*, tenant: Tenant, actor: Actor, incident: Incident, text: str) -> IncidentEvent:
-    text = (text or "").strip()
-    if not text:
-        raise ValidationFailed("write something.", field="text")
-    if len(text) > NOTE_MAX_CHARS:
-        raise ValidationFailed(f"keep a note under {NOTE_MAX_CHARS} characters.", field="text")
-    with transaction.atomic():
-        locked = _locked(tenant, incident)
-        return _append(
-            tenant=tenant, incident=locked, kind=EventKind.NOTE, message=text, actor=actor
-        )
-
-
-def incident_event_append(
-    *,
-    tenant: Tenant,
-    incident: Incident,
-    kind: str,
-    message: str,
-    data: dict[str, Any] | None = None,
-    actor: Actor | None = None,
-) -> IncidentEvent:
-    """Append one event to the timeline (automation: analysis, hints, rollback steps)."""
-    with transaction.atomic():
-        locked = _locked(tenant, incident)
-        return _append(
-            tenant=tenant, incident=locked, kind=kind, message=message, data=data, actor=actor
-        )
-
-
-def incident_link_rollback(*, tenant: Tenant, incident: Incident, rollback: Rollback) -> Incident:
-    """Record the rollback that answers this incident (idempotent)."""
-    if rollback.tenant_id != tenant.pk:
-        raise ValidationFailed("no such rollback in this tenant.", field="rollback")
-    with transaction.atomic():
-        locked = _locked(tenant, incident)
-        if locked.rollback_id != rollback.pk:
-            locked.rollback = rollback
-            locked.save(update_fields=["rollback"])
-    incident.rollback = rollback
-    return locked
-
-
-def _rollback_data(rollback: Rollback) -> dict[str, Any]:
-    def seconds(a: datetime | None, b: datetime | None) -> float | None:
-        return None if a is None or b is None else round((b - a).total_seconds(), 3)
-
-    return {
-        "rollback": rollback.pk,
-        "status": rollback.status,
-        "from_revision": rollback.from_revision_id,
-        "to_revision": rollback.to_revision_id,
-        "new_revision": rollback.new_revision_id,
-        "detect_to_start_s": seconds(rollback.detected_at, rollback.started_at),
-        "start_to_switch_s": seconds(rollback.started_at, rollback.traffic_switched_at),
-        "detect_to_finish_s": seconds(rollback.detected_at, rollback.finished_at),
-    }
-
-
-def incident_rollback_started(*, tenant: Tenant, incident: Incident, rollback: Rollback) -> None:
-    """Link the rollback and put `rollback_started` on the timeline (for the rollback code)."""
-    with transaction.atomic():
-        incident_link_rollback(tenant=tenant, incident=incident, rollback=rollback)
-        incident_event_append(
-            tenant=tenant,
-            incident=incident,
-            kind=EventKind.ROLLBACK_STARTED,
-            message=f"rollback {rollback.key} started: {rollback.reason}".strip(": "),
-            data=_rollback_data(rollback),
-        )
-
-
-def incident_rollback_finished(*, tenant: Tenant, incident: Incident, rollback: Rollback) -> None:
-    """`rollback_finished` on the timeline; a rollback that is done mitigates the incident."""
-    with transaction.atomic():
-        incident_link_rollback(tenant=tenant, incident=incident, rollback=rollback)
-        incident_event_append(
-            tenant=tenant,
-            incident=incident,
-            kind=EventKind.ROLLBACK_FINISHED,
-            message=f"rollback {rollback.key} {rollback.status}"
-            + (f": {rollback.error}" if rollback.error else ""),
-            data=_rollback_data(rollback),
-        )
-        current = _locked(tenant, incident)
-        if (
-            rollback.status == RollbackStatus.DONE
-            and IncidentStatus.MITIGATED in NEXT[current.status]
-        ):
-            incident_mitigate(
-                tenant=tenant, actor=None, incident=current, reason=f"rollback {rollback.key} done"
-            )

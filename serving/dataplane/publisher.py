@@ -1,0 +1,69 @@
+"""The replica's identity (replica id, Serve app name) and the Publisher that writes a replica's
+snapshot to Redis once a second (the version slots' SLI windows, the routers' state)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ray import serve
+
+logger = logging.getLogger("ray.serve")
+
+
+def replica_id() -> str:
+    try:
+        return str(serve.get_replica_context().replica_id.unique_id)
+    except Exception:  # outside a replica (unit tests)
+        return f"pid-{os.getpid()}"
+
+
+def app_name() -> str:
+    try:
+        return str(serve.get_replica_context().app_name)
+    except Exception:  # outside a replica (unit tests)
+        return ""
+
+
+class Publisher:
+    """Publishes a replica's snapshot (SLI window, or the router's breakers and recent
+    request lifecycles) to Redis once a second."""
+
+    def __init__(
+        self,
+        snapshot: Callable[[], dict[str, Any]],
+        write: Callable[[Any, str, dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        self.snapshot = snapshot
+        self.write = write
+        self.redis_url: str | None = None
+        self.prefix = "portal"
+        self._redis: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    def configure(self, telemetry: dict[str, Any]) -> None:
+        url = telemetry.get("redis_url") or None
+        if url != self.redis_url:
+            self.redis_url, self._redis = url, None
+        self.prefix = telemetry.get("prefix", "portal")
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            snapshot = self.snapshot()
+            if not self.redis_url:
+                continue
+            try:
+                if self._redis is None:
+                    import redis.asyncio as aioredis
+
+                    self._redis = aioredis.Redis.from_url(self.redis_url)
+                await self.write(self._redis, self.prefix, snapshot)
+            except Exception as exc:  # telemetry must never take inference down
+                logger.warning("telemetry publish failed: %s", exc)
+                self._redis = None

@@ -1,0 +1,378 @@
+"""The router: the ingress Serve deployment of one portal deployment (key check, guard, traffic
+split, circuit breakers, OpenAI-style answers), with the pool slots and Ray-unwrapping helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import json
+import os
+import secrets
+import time
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from serving.dataplane import openai
+from serving.dataplane.breaker import BreakerConfig, CircuitBreaker
+from serving.dataplane.faults import InjectedFault
+from serving.dataplane.guard import GuardConfig, Refused, check_lengths, parse_body
+from serving.dataplane.keys import bearer, hash_key, key_matches
+from serving.dataplane.lifecycle import (
+    COMPLETED,
+    EXECUTING,
+    FAILED,
+    ROUTING,
+    VALIDATING,
+    Lifecycle,
+    RecentRequests,
+)
+from serving.dataplane.publisher import Publisher, app_name, replica_id
+from serving.dataplane.traffic import choose_group, continue_trace
+from serving.dataplane.version import VersionCore
+
+LOCAL_SERVER = "serving.dataplane.version:VersionCore"
+MAX_REQUEST_ID = 128  # longer client ids are replaced by one of ours
+_E = TypeVar("_E", bound=BaseException)
+
+
+def import_object(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@serve.deployment(name="router")
+class Router:
+    """The ingress of one portal deployment. A dedicated deployment's stable slot runs inside
+    this replica (`local`): stable requests cost no extra actor hop; the canary (and a
+    shared pool) is reached through a deployment handle."""
+
+    def __init__(self, local: dict[str, Any] | None = None) -> None:
+        self.local: VersionCore | None = None
+        if local:
+            core = import_object(str(local.get("server") or LOCAL_SERVER))
+            self.local = core(
+                app=str(local["app"]),
+                group="stable",
+                engine=dict(local.get("engine") or {}),
+                arch_key=str(local.get("arch_key", "")),
+            )
+        self.config: dict[str, Any] = {}
+        self.groups: dict[str, dict[str, Any]] = {}
+        self.handles: dict[str, Any] = {}
+        self.breakers: dict[str, CircuitBreaker] = {}
+        self.recent = RecentRequests()
+        self.replica = replica_id()
+        self.publisher = Publisher(self.stats, _publish_router)
+        # A shared deployment's share of the pool's request slots: at most this many of the
+        # tenant's requests are in the pool at once, the rest wait here, in its own router.
+        self._pool_gate: asyncio.Semaphore | None = None
+        self._pool_slots = 0
+
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        if self.local is not None:
+            # Weights first: a hot reload finishes before the new split routes to them.
+            await self.local.reconfigure(dict(config.get("local") or {}))
+        self.config = config
+        self.publisher.configure(config.get("telemetry") or {})
+        self.groups = dict(config.get("groups") or {})
+        self.guard = GuardConfig.from_dict(config.get("guard"))
+        breaker_config = BreakerConfig.from_dict(config.get("breaker"))
+        breakers = {}
+        for name, group in self.groups.items():
+            key = f"{group.get('app')}@{group.get('version')}"
+            current = self.breakers.get(key)
+            if current is None or current.config != breaker_config:
+                current = CircuitBreaker(breaker_config)
+            breakers[key] = current
+            if group.get("local"):
+                self.handles[name] = (group["app"], None)
+            elif name not in self.handles or self.handles[name][0] != group["app"]:
+                handle = serve.get_deployment_handle("version", app_name=group["app"])
+                self.handles[name] = (group["app"], handle)
+        self.breakers = breakers
+        self.handles = {n: h for n, h in self.handles.items() if n in self.groups}
+        slots = int(config.get("pool_slots") or 0)
+        if slots != self._pool_slots:  # requests in flight give their slot back to the old gate
+            self._pool_slots = slots
+            self._pool_gate = asyncio.Semaphore(slots) if slots > 0 else None
+
+    def _blocked(self) -> Refused | None:
+        """The platform's refusal of every request of this deployment, or None: a suspended
+        tenant, a tenant whose access to its shared pool was revoked."""
+        reason = str(self.config.get("suspended") or "")
+        if reason:
+            return Refused(403, "tenant_suspended", f"this tenant is suspended: {reason}")
+        if self.config.get("pool_access_revoked"):
+            return Refused(
+                403,
+                "pool_access_revoked",
+                "this tenant's access to its shared pool was revoked by the platform",
+            )
+        return None
+
+    def check_health(self) -> None:
+        """Serve's health check of the router replica is also the in-process stable slot's."""
+        if self.local is not None:
+            self.local.check_health()
+
+    def _breaker(self, group: str) -> CircuitBreaker:
+        info = self.groups[group]
+        return self.breakers[f"{info.get('app')}@{info.get('version')}"]
+
+    async def __call__(self, request: Request) -> Response:
+        root = request.scope.get("root_path", "")
+        path = request.url.path[len(root) :] if request.url.path.startswith(root) else ""
+        trace = continue_trace(request.headers.get("traceparent"))
+        # Serve's proxy assigns x-request-id and echoes it in the response itself. A client's
+        # own id is kept only when short: the version keys sequences by (tenant, id).
+        request_id = request.headers.get("x-request-id") or ""
+        if not 0 < len(request_id) <= MAX_REQUEST_ID:
+            request_id = f"req-{secrets.token_hex(8)}"
+        headers = {"traceparent": trace.header}
+        raw_key = bearer(request.headers.get("authorization"))
+        key_ok = key_matches(raw_key, self.config.get("key_hashes", []))
+        tenant = self.config.get("tenant")
+        probe_identity = None
+        if not key_ok and raw_key and self.local is not None:
+            # A kv_pollution_probe drill's key, accepted only while its fault is in force: the
+            # request runs as the drill's synthetic tenant on the in-process stable slot.
+            probe_identity = self.local.chaos.probe_identity(hash_key(raw_key))
+            key_ok, tenant = probe_identity is not None, probe_identity or tenant
+        blocked = self._blocked()
+        if path.rstrip("/") == "/v1/models" and request.method == "GET" and key_ok and not blocked:
+            return JSONResponse(self._models(), headers=headers)
+        life = Lifecycle(request_id)
+        self.recent.add(life)
+        # Bound once per request: a reconfigure (new split, canary gone) may land mid-request.
+        breaker: CircuitBreaker | None = None
+        try:
+            life.to(VALIDATING)
+            if not key_ok:
+                raise Refused(401, "invalid_api_key", "missing or unknown inference key")
+            if blocked is not None:  # before the body is read or any version is asked
+                raise blocked
+            kind = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}.get(
+                path.rstrip("/")
+            )
+            if kind is None or request.method != "POST":
+                raise Refused(404, "not_found", f"no route {request.method} {path or '/'}")
+            body = parse_body(await request.body(), self.guard)
+            sampling = openai.sampling_fields(body)
+            check_lengths(0, sampling["max_tokens"], self.guard)
+            prompt = openai.prompt_of(kind, body)
+            life.to(ROUTING)
+            requested = "stable" if probe_identity else request.headers.get("x-ab-group")
+            group = self._route(requested)
+            breaker, handle = self._breaker(group), self.handles[group][1]
+            life.group = group
+            headers["x-ab-group"] = group
+            headers["x-model-version"] = str(self.groups[group].get("version", ""))
+            payload = {
+                "request_id": request_id,
+                "tenant": tenant,
+                "prompt": prompt,
+                "sampling": sampling,
+                "guard": self.config.get("guard") or {},
+                "traceparent": trace.child().header,
+            }
+            life.to(EXECUTING)
+            model = str(self.config.get("deployment", "model"))
+            slot = await PoolSlot.take(self._pool_gate if handle is not None else None)
+            try:
+                if sampling["stream"]:
+                    if handle is None:
+                        stream = self._local().generate(payload)
+                    else:
+                        stream = handle.options(stream=True).generate.remote(payload)
+                    first = await stream.__anext__()  # surfaces refusals before the 200
+                    events = self._sse(kind, request_id, model, breaker, first, stream, life, slot)
+                    slot.hand_to(events)
+                    return StreamingResponse(
+                        events, media_type="text/event-stream", headers=headers
+                    )
+                if handle is None:
+                    answer = await self._local().complete(payload)
+                else:
+                    answer = await handle.complete.remote(payload)
+            finally:
+                slot.release_unless_handed()
+            text, reason, usage = answer["text"], answer["finish_reason"], answer["usage"]
+            breaker.record(True)
+            life.to(COMPLETED)
+            return JSONResponse(
+                openai.completion_body(kind, request_id, model, text, reason, usage),
+                headers=headers,
+            )
+        except Refused as exc:
+            return self._fail(life, exc, headers)
+        except Exception as exc:  # the version failed: counts against its breaker
+            refused = _unwrap_refused(exc)
+            if refused is not None:
+                return self._fail(life, refused, headers)
+            if breaker is not None:
+                breaker.record(False)
+            # A drill's error burst answers with the status it asks for; any other failure
+            # of the version is a 502.
+            injected = _unwrap_as(exc, InjectedFault)
+            status = 502 if injected is None else injected.status
+            reason = _short(exc) if injected is None else injected.message
+            upstream = Refused(status, "upstream_error", f"model version failed: {reason}")
+            return self._fail(life, upstream, headers)
+
+    def _local(self) -> VersionCore:
+        if self.local is None:
+            raise Refused(503, "no_version", "this router serves no version in-process")
+        return self.local
+
+    def _fail(self, life: Lifecycle, exc: Refused, headers: dict[str, str]) -> Response:
+        if not life.done:
+            life.to(FAILED, error=exc.message)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    def _route(self, requested: str | None) -> str:
+        if "stable" not in self.groups:
+            raise Refused(503, "no_version", "this deployment has no version to serve")
+        percent = float(self.config.get("canary_percent", 0))
+        group = choose_group(percent, requested, has_canary="canary" in self.groups)
+        if self._breaker(group).allow():
+            return group
+        other = "stable" if group == "canary" else "canary"
+        if other in self.groups and self._breaker(other).allow():
+            return other
+        raise Refused(503, "circuit_open", f"the {group} version's circuit breaker is open")
+
+    async def _sse(
+        self,
+        kind: str,
+        request_id: str,
+        model: str,
+        breaker: CircuitBreaker,
+        first: dict[str, Any],
+        stream: Any,
+        life: Lifecycle,
+        slot: PoolSlot | None = None,
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for event in _chain(first, stream):
+                if event["type"] == "token":
+                    yield openai.chunk_event(kind, request_id, model, event["text"], None)
+                elif event["type"] == "end":
+                    yield openai.chunk_event(kind, request_id, model, "", event["finish_reason"])
+            yield openai.DONE
+            breaker.record(True)
+            life.to(COMPLETED)
+        except Exception as exc:
+            breaker.record(False)
+            life.to(FAILED, error=_short(exc))
+            error = Refused(502, "upstream_error", f"model version failed: {_short(exc)}")
+            yield f"data: {json.dumps(error.body())}\n\n".encode()
+        finally:
+            if slot is not None:
+                slot.release()
+
+    def _models(self) -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": str(self.config.get("deployment")),
+                    "object": "model",
+                    "version": g.get("version"),
+                    "group": name,
+                }
+                for name, g in self.groups.items()
+            ],
+        }
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "app": app_name(),
+            "replica": self.replica,
+            "at": time.time(),
+            "pid": os.getpid(),
+            "breakers": {n: self._breaker(n).snapshot() for n in self.groups},
+            "recent": self.recent.snapshot()[-50:],
+            "config_digest": hashlib.sha256(repr(sorted(self.config)).encode()).hexdigest()[:12],
+        }
+
+    def version_stats(self) -> dict[str, Any]:
+        """The in-process stable slot's stats (what `VersionServer.stats` says for a slot
+        served on its own)."""
+        return self.local.stats() if self.local is not None else {}
+
+
+class PoolSlot:
+    """One of a shared deployment's pool slots (a permit of the router's gate), given back
+    exactly once: when the answer is done, when a stream ends, or, for a stream the client
+    dropped before it started (whose generator never runs its clean-up), when the stream
+    object is collected."""
+
+    def __init__(self, gate: asyncio.Semaphore | None) -> None:
+        self._gate = gate
+        self._handed = False
+
+    @classmethod
+    async def take(cls, gate: asyncio.Semaphore | None) -> PoolSlot:
+        if gate is not None:
+            await gate.acquire()
+        return cls(gate)
+
+    def release(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.release()
+
+    def hand_to(self, owner: object) -> None:
+        """`owner` (the response's body stream) gives the slot back from now on."""
+        if self._gate is not None:
+            self._handed = True
+            weakref.finalize(owner, self.release)
+
+    def release_unless_handed(self) -> None:
+        if not self._handed:
+            self.release()
+
+
+async def _publish_router(redis: Any, prefix: str, snapshot: dict[str, Any]) -> None:
+    """`<prefix>:router:<app>`: one JSON value per router replica (breakers, the last
+    request lifecycles with their timestamps)."""
+    key = f"{prefix}:router:{snapshot['app']}"
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hset(key, snapshot["replica"], json.dumps(snapshot, separators=(",", ":")))
+        pipe.expire(key, 10)
+        await pipe.execute()
+
+
+async def _chain(first: dict[str, Any], rest: Any) -> AsyncIterator[dict[str, Any]]:
+    yield first
+    async for item in rest:
+        yield item
+
+
+def _unwrap_refused(exc: BaseException) -> Refused | None:
+    """A Refused raised inside the version replica arrives wrapped by Ray."""
+    return _unwrap_as(exc, Refused)
+
+
+def _unwrap_as(exc: BaseException, kind: type[_E]) -> _E | None:
+    """`exc` or the exception of type `kind` it wraps (Ray wraps a replica's exceptions)."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, kind):
+            return seen
+        cause = getattr(seen, "cause", None)
+        seen = cause if isinstance(cause, BaseException) else seen.__cause__
+    return None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[-1] if text else type(exc).__name__)[:300]

@@ -1,0 +1,390 @@
+"""A version slot's engine: VersionCore (weights hot-reloaded from user_config, tenants' salts and
+quotas, faults, SLI window) and VersionServer, the same as its own Serve deployment."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+
+from serving.dataplane.faults import FaultInjector
+from serving.dataplane.guard import GuardConfig, Refused, check_lengths
+from serving.dataplane.publisher import Publisher, replica_id
+from serving.dataplane.sli import SliRecorder, publish
+
+logger = logging.getLogger("ray.serve")
+
+
+class VersionCore:
+    """One version slot's engine: weights (hot-reloaded from user_config), tenants' cache salts
+    and quotas, faults, SLI window. Runs as its own Serve deployment (`VersionServer`: a
+    canary, a shared pool) or inside the router's replica for the stable slot."""
+
+    def __init__(self, app: str, group: str, engine: dict[str, Any], arch_key: str = "") -> None:
+        self.app, self.group = app, group
+        self.engine_options = engine
+        self.arch_key = arch_key  # changes only with the architecture: forces new replicas
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self.loaded: dict[str, Any] = {}
+        self.tenants: dict[str, dict[str, Any]] = {}
+        self.faults: dict[str, Any] = {}
+        self.reloads: list[dict[str, Any]] = []
+        self.recorder = SliRecorder(app, group, "", replica_id())
+        # Started now: a drill's crash/hang faults spare replicas started after it was issued.
+        self.chaos = FaultInjector(self.recorder.replica, started_at=time.time())
+        self.publisher = Publisher(self._published, publish)
+        self._load_lock = asyncio.Lock()
+        self._reload_key: tuple[Any, ...] | None = None  # weight_swap_jitter's, last seen
+        self._probe_identities: set[str] = set()  # kv_pollution_probe tenants seen here
+        self._departed: set[str] = set()  # tenants taken off this version, blocks to give back
+
+    def _published(self) -> dict[str, Any]:
+        """Once a second: the SLI window for Redis, after giving back what a departed probe
+        identity left in the KV cache (a fault that expired ends without a reconfigure)."""
+        self._forget_departed_probes()
+        return self.recorder.roll(kv=self._kv_stats())
+
+    def _kv_stats(self) -> dict[str, Any]:
+        metrics = self.engine.metrics() if self.engine is not None else {}
+        forced = [r for r in self.reloads if r.get("nonce") is not None]
+        keys = ("drill", "nonce", "ok", "s", "at")
+        reload = {k: forced[-1].get(k) for k in keys} if forced else None
+        return {
+            **metrics,
+            "fault_leaked_mb": round(self.chaos.leaked_mb, 1),
+            "fault_reload": reload,
+        }
+
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        self.faults = dict(config.get("faults") or {})
+        self.chaos.configure(self.faults)
+        tenants = {
+            str(t): {
+                "salt": bytes.fromhex(v["salt"]),
+                "quota_blocks": v.get("quota_blocks"),
+                "max_running": v.get("max_running"),
+            }
+            for t, v in (config.get("tenants") or {}).items()
+        }
+        # A tenant taken off this version (its pool access revoked, suspended) leaves nothing
+        # behind: its cached blocks go back to the free list once its last requests end.
+        self._departed |= set(self.tenants) - set(tenants)
+        self._departed -= set(tenants)
+        self.tenants = tenants
+        self.publisher.configure(config.get("telemetry") or {})
+        artifact = config.get("artifact")
+        # A weight_swap_jitter drill's new nonce reloads the same artifact (a hot reload).
+        reload_key = self.chaos.reload_key()
+        forced = reload_key is not None and reload_key != self._reload_key
+        if artifact and (artifact != self.loaded.get("artifact") or forced):
+            async with self._load_lock:
+                await self._load(config, forced=reload_key if forced else None)
+        self._reload_key = reload_key
+        if self.engine is not None:
+            quotas = {t: v["quota_blocks"] for t, v in self.tenants.items() if v["quota_blocks"]}
+            probe = self.chaos.active().kv_pollution_probe
+            if probe is not None:
+                self._probe_identities.add(probe.identity)
+                quotas[probe.identity] = probe.quota_blocks
+            shared = config.get("kv_mode") == "shared"
+            self.engine.set_quotas(quotas, 0 if shared else None)
+            if shared:  # each pool tenant runs at most its share of the batch at once
+                limits = {
+                    t: int(v["max_running"]) for t, v in self.tenants.items() if v["max_running"]
+                }
+                self.engine.set_limits(limits, 1)
+            else:
+                self.engine.set_limits({}, None)
+        self._forget_departed_probes()
+
+    def _forget_departed_probes(self) -> None:
+        """A probe identity whose fault is gone (reverted or expired) leaves nothing behind:
+        its cached blocks go back to the free list and its counters are dropped. In a tenant
+        quota pool only the owner recycles its cached blocks, so they would stay held for
+        good. Blocks its last requests still hold are given back on a later pass."""
+        if self.engine is None:
+            return
+        for tenant in sorted(self._departed):
+            self.engine.drop_tenant(tenant)  # its requests still here end now, refused
+            if _forget_tenant(self.engine, tenant):
+                self._departed.discard(tenant)
+        if not self._probe_identities:
+            return
+        probe = self.chaos.active().kv_pollution_probe
+        current = probe.identity if probe is not None else None
+        for identity in sorted(self._probe_identities - {current}):
+            if _forget_tenant(self.engine, identity):
+                self._probe_identities.discard(identity)
+
+    async def _load(self, config: dict[str, Any], forced: tuple[Any, ...] | None = None) -> None:
+        """Load and validate the new weights beside the old ones, then swap atomically.
+        `forced`: a drill's reload of the same artifact (weight_swap_jitter's reload key)."""
+        started = time.time()
+        drill = {"drill": forced[0], "nonce": forced[2]} if forced else {}
+        try:
+            model, tokenizer = await asyncio.to_thread(self._build_model, config)
+        except Exception as exc:
+            self.reloads.append(
+                {
+                    "artifact": config["artifact"],
+                    "ok": False,
+                    "error": str(exc),
+                    "at": started,
+                    **drill,
+                }
+            )
+            if len(self.reloads) > 100:
+                del self.reloads[:-50]
+            if self.engine is None:
+                raise  # nothing to fall back on: the replica cannot serve
+            logger.error(
+                "hot reload of %s failed, old weights keep serving: %s", config["artifact"], exc
+            )
+            return
+        if self.engine is None:
+            from serving.engine.async_engine import AsyncEngine
+            from serving.engine.engine import Engine
+
+            opts = self.engine_options
+            self.engine = AsyncEngine(
+                Engine(
+                    model,
+                    num_blocks=int(opts.get("num_blocks", 256)),
+                    block_size=int(opts.get("block_size", 16)),
+                    max_num_seqs=int(opts.get("max_num_seqs", 32)),
+                )
+            )
+        else:
+            self.engine.swap_model(model)
+        self.tokenizer = tokenizer
+        self.loaded = {
+            "artifact": config["artifact"],
+            "version": config.get("version", ""),
+            "fingerprint": model.fingerprint,
+        }
+        self.recorder.version = str(config.get("version", ""))
+        self.reloads.append(
+            {
+                "artifact": config["artifact"],
+                "ok": True,
+                "at": started,
+                "s": round(time.time() - started, 4),
+                **drill,
+            }
+        )
+        if len(self.reloads) > 100:  # a drill reloads many times: keep the recent history
+            del self.reloads[:-50]
+
+    def _build_model(self, config: dict[str, Any]) -> tuple[Any, Any]:
+        import torch
+
+        from serving.engine.checkpoint import load_tensors, load_tokenizer
+        from serving.engine.config import read_config
+        from serving.engine.model import LlamaModel
+
+        directory = Path(config["artifact"])
+        model_config = read_config(directory)
+        device = "cuda" if self.engine_options.get("gpu") and torch.cuda.is_available() else "cpu"
+        fingerprint = config.get("fingerprint") or config["artifact"]
+        model = LlamaModel(
+            model_config,
+            load_tensors(directory, model_config),
+            device=device,
+            fingerprint=fingerprint,
+        )
+        tokenizer = load_tokenizer(directory)
+        logits = model.reference_logits(torch.tensor(tokenizer.encode("ready?").ids or [0]))
+        if not torch.isfinite(logits).all():
+            raise ValueError("test forward pass of the new weights gave non-finite logits")
+        return model, tokenizer
+
+    async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        from serving.engine.engine import SamplingParams
+
+        if self.engine is None:
+            raise Refused(503, "not_ready", "this version has no weights loaded yet")
+        started = time.time()
+        tenant = str(request["tenant"])
+        salt = self.tenants.get(tenant, {}).get("salt")
+        if salt is None:  # a kv_pollution_probe drill's synthetic tenant, while it is in
+            salts = {t: v["salt"] for t, v in self.tenants.items()}
+            probe = self.chaos.probe_tenant(tenant, salts)
+            salt = probe[0] if probe is not None else None
+        if salt is None:
+            raise Refused(403, "tenant_not_allowed", "this tenant may not use this version")
+        prompt_ids = self.tokenizer.encode(request["prompt"]).ids
+        sampling = request["sampling"]
+        guard = GuardConfig.from_dict(request.get("guard"))
+        ok, first_at, times, out_ids = False, None, [], []
+        refused: Refused | None = None
+        cancelled = False
+        stream: Any = None
+        try:
+            check_lengths(len(prompt_ids), sampling["max_tokens"], guard)
+            self._check_admissible(len(prompt_ids), sampling["max_tokens"], tenant)
+            await self._inject_faults()
+            params = SamplingParams(
+                max_tokens=sampling["max_tokens"],
+                temperature=sampling["temperature"],
+                top_p=sampling["top_p"],
+                seed=sampling.get("seed"),
+            )
+            # Queued before the first event, so a refusal (a request id this tenant already
+            # runs, a quota changed meanwhile) is the answer's status, not a broken stream.
+            stream = self._submit(prompt_ids, params, tenant, str(request["request_id"]), salt)
+            yield {
+                "type": "start",
+                "prompt_tokens": len(prompt_ids),
+                "version": self.loaded.get("version"),
+                "fingerprint": self.loaded.get("fingerprint"),
+                "pid": os.getpid(),
+            }
+            text = ""
+            reason = None
+            async for event in stream:
+                out_ids.append(event.token_id)
+                times.append(event.at)
+                first_at = first_at or event.at
+                full = self.tokenizer.decode(out_ids)
+                if not full.endswith("\ufffd") or event.finished:
+                    delta, text = full[len(text) :], full
+                    if delta:
+                        yield {"type": "token", "text": delta}
+                reason = event.finish_reason
+            ok = True
+            yield {
+                "type": "end",
+                "finish_reason": reason,
+                "usage": {
+                    "prompt_tokens": len(prompt_ids),
+                    "completion_tokens": len(out_ids),
+                    "total_tokens": len(prompt_ids) + len(out_ids),
+                },
+            }
+        except Refused as exc:
+            refused = exc
+            raise
+        except (GeneratorExit, asyncio.CancelledError):
+            cancelled = True  # the client went away: not the version's failure
+            raise
+        except Exception as exc:
+            from serving.engine.async_engine import TenantRemoved
+
+            if not isinstance(exc, TenantRemoved):
+                raise
+            refused = Refused(403, "tenant_not_allowed", "this tenant may not use this version")
+            raise refused from exc
+        finally:
+            if stream is not None:
+                stream.close()  # forgets it and frees its blocks, however the request ended
+            # Every request counts once: a refusal (4xx: the client's; 5xx: ours), a failure
+            # before or after the first token, a cancellation, or a completion.
+            gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+            self.recorder.current.record(
+                latency_s=time.time() - started,
+                ok=ok,
+                client_error=cancelled or (refused is not None and refused.status < 500),
+                ttft_s=(first_at - started) if first_at else None,
+                itl_s=gaps,
+                tokens_in=len(prompt_ids),
+                tokens_out=len(out_ids),
+            )
+
+    def _check_admissible(self, prompt_tokens: int, max_tokens: int, tenant: str) -> None:
+        try:
+            self.engine.check_admissible(prompt_tokens, max_tokens, tenant)
+        except Exception as exc:
+            refusal = _engine_refusal(exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
+
+    def _submit(
+        self, prompt_ids: list[int], params: Any, tenant: str, request_id: str, salt: bytes
+    ) -> Any:
+        try:
+            return self.engine.submit(
+                prompt_ids, params, tenant=tenant, request_id=request_id, cache_salt=salt
+            )
+        except Exception as exc:
+            refusal = _engine_refusal(exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
+
+    async def complete(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The whole answer in one reply: a unary handle call costs far less than a stream."""
+        text, start, end = "", {}, {}
+        async for event in self.generate(request):
+            if event["type"] == "token":
+                text += event["text"]
+            elif event["type"] == "start":
+                start = event
+            else:
+                end = event
+        return {**end, "text": text, "version": start.get("version"), "pid": start.get("pid")}
+
+    async def _inject_faults(self) -> None:
+        """Per-request faults a chaos drill switched on through user_config (delays, then
+        failures: see serving.dataplane.faults)."""
+        await self.chaos.before_request()
+
+    def check_health(self) -> None:
+        """Serve's periodic health check: fails while a `replica_hang` fault selects this
+        replica, so Serve replaces it."""
+        self.chaos.check_health()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "replica": self.recorder.replica,
+            "loaded": self.loaded,
+            "reloads": self.reloads[-10:],
+            "kv": self._kv_stats(),
+            "last_window": self.recorder.last,
+            "faults": self.chaos.snapshot(),
+        }
+
+
+@serve.deployment(name="version")
+class VersionServer(VersionCore):
+    """A version slot as its own Serve deployment, reached through a deployment handle."""
+
+
+def _forget_tenant(engine: Any, tenant: str) -> bool:
+    """Give back every cached KV block of `tenant` (its quota set to 0, each allocation
+    recycles one of its own cached blocks, which is then released as free), then drop its
+    counters once it holds no block. True when nothing of it is left."""
+    # Under the engine thread's lock: the pool is only ever touched between two steps.
+    with engine._lock:
+        pool = engine.engine.pool
+        if tenant not in pool.stats:
+            return True
+        pool.quotas[tenant] = 0
+        while (block := pool.allocate(tenant)) is not None:
+            pool.release([block])
+        if pool.stats[tenant].blocks_used > 0:  # its last requests still run
+            return False
+        del pool.stats[tenant]
+        pool.quotas.pop(tenant, None)
+        return True
+
+
+def _engine_refusal(exc: Exception) -> Refused | None:
+    """The client's answer for what the engine refuses; None: the version's own failure."""
+    from serving.engine.engine import DuplicateRequest, EngineFull
+
+    if isinstance(exc, EngineFull):
+        return Refused(429, "kv_quota_exceeded", str(exc))
+    if isinstance(exc, DuplicateRequest):
+        return Refused(409, "duplicate_request_id", f"{exc}: choose another x-request-id")
+    if isinstance(exc, ValueError):
+        return Refused(400, "context_length_exceeded", str(exc))
+    return None

@@ -1,0 +1,169 @@
+"""The desired state of a deployment, checked: the setting limits (guard, breaker, faults),
+`clean_spec` (a whole spec validated, ValidationFailed naming the first bad field) and
+`check_quota` (the tenant's deployments, replicas, GPUs and KV blocks, under its Quota row lock).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+
+from portal.exceptions import QuotaExceeded, ValidationFailed
+from serving.dataplane import faults as faults_catalogue
+from serving.deployments import replica_limits
+from serving.deployments.models import Deployment, KvMode, SharedPool
+from serving.deployments.spec_checks import checked_map, setting
+from tenants.models import Quota, Tenant
+
+GUARD_LIMITS = {
+    "max_body_bytes": (1, 16 * 1024 * 1024),
+    "max_prompt_tokens": (1, 1 << 20),
+    "max_tokens": (1, 1 << 16),
+}
+BREAKER_LIMITS = {
+    "window_s": (1, 3600),
+    "min_requests": (1, 100000),
+    "failure_rate": (0.01, 1),
+    "open_s": (0.1, 3600),
+    "half_open_probes": (1, 1000),
+}
+# The chaos-drill fault catalogue lives with the replicas that apply it (Django-free).
+FAULT_KEYS = faults_catalogue.FAULT_KEYS
+
+
+def clean_spec(
+    *, tenant: Tenant, spec: dict[str, Any], current_pool_id: int | None = None
+) -> dict[str, Any]:
+    """Validate a whole desired state; ValidationFailed names the first bad field.
+    `current_pool_id`: the pool the deployment is on now (staying there is no new join)."""
+    out = dict(spec)
+    autoscaling = out.get("autoscaling")
+    if autoscaling:
+        if not isinstance(autoscaling, dict):
+            raise ValidationFailed("must be an object.", field="autoscaling")
+        allowed = {"min_replicas", "max_replicas", "target_ongoing_requests"}
+        unknown = sorted(set(autoscaling) - allowed)
+        if unknown:
+            raise ValidationFailed(
+                f"unknown field {unknown[0]!r}.", field=f"autoscaling.{unknown[0]}"
+            )
+        low = setting(autoscaling.get("min_replicas", 1), "autoscaling.min_replicas")
+        high = setting(autoscaling.get("max_replicas", max(1, low)), "autoscaling.max_replicas")
+        if high < low:
+            raise ValidationFailed("must be >= min_replicas.", field="autoscaling.max_replicas")
+        target = setting(
+            autoscaling.get("target_ongoing_requests", 2), "autoscaling.target_ongoing_requests"
+        )
+        out["autoscaling"] = {
+            "min_replicas": low,
+            "max_replicas": high,
+            "target_ongoing_requests": target,
+        }
+        out["num_replicas"] = None
+    else:
+        out["autoscaling"] = None
+        out["num_replicas"] = setting(out.get("num_replicas") or 1, "num_replicas")
+    defaults = {
+        "num_cpus": 1.0,
+        "num_gpus": 0.0,
+        "max_ongoing_requests": 16,
+        "kv_blocks": 256,
+        "block_size": 16,
+        "canary_percent": 0,
+    }
+    for field, default in defaults.items():
+        out[field] = setting(out.get(field, default), field)
+    if out.get("kv_mode") not in KvMode.values:
+        raise ValidationFailed(f"must be one of {', '.join(KvMode.values)}.", field="kv_mode")
+    if out["kv_mode"] == KvMode.SHARED:
+        pool_id = out.get("pool_id")
+        pool = SharedPool.objects.filter(pk=pool_id or 0, is_active=True).first()
+        if pool is None:
+            raise ValidationFailed("a shared deployment needs an active pool.", field="pool")
+        # Joining a pool is the platform's grant, per tenant (a tenant the platform later
+        # removes keeps its deployment, which reconcile then refuses to serve from the pool).
+        if pool.pk != current_pool_id and not pool.allowed_tenants.filter(pk=tenant.pk).exists():
+            raise ValidationFailed(
+                f"this tenant is not allowed on pool {pool.name}; the platform grants pool access.",
+                field="pool",
+            )
+        if out.get("canary_version_id"):
+            raise ValidationFailed(
+                "shared pools serve one version: no canary.", field="canary_version"
+            )
+    else:
+        out["pool_id"] = None
+    if out.get("canary_version_id") is None:
+        out["canary_percent"] = 0.0
+    elif out["canary_version_id"] == out["stable_version_id"]:
+        raise ValidationFailed(
+            "the canary must differ from the stable version.", field="canary_version"
+        )
+    out["guard"] = checked_map(out.get("guard"), "guard", GUARD_LIMITS)
+    out["breaker"] = checked_map(out.get("breaker"), "breaker", BREAKER_LIMITS)
+    try:
+        out["faults"] = faults_catalogue.validate_faults(out.get("faults"), "faults")
+    except faults_catalogue.FaultSpecError as exc:
+        raise ValidationFailed(exc.message, field=exc.field) from None
+    _check_leak_caps(out)
+    return out
+
+
+def _check_leak_caps(spec: dict[str, Any]) -> None:
+    """A memory-leak fault takes at most a share of the replica's own memory (its neighbours
+    on the node run in the rest), whoever sets it: a drill or the deployment's settings."""
+    shape = {"num_cpus": float(spec["num_cpus"]), "num_gpus": float(spec["num_gpus"])}
+    for group, faults in spec["faults"].items():
+        leak = faults.get("gpu_memory_leak")
+        if leak and float(leak["max_mb"]) > replica_limits.leak_cap_mb(**shape):
+            raise ValidationFailed(
+                replica_limits.leak_cap_reason(**shape),
+                field=f"faults.{group}.gpu_memory_leak.max_mb",
+            )
+
+
+def live_deployments(*, tenant: Tenant) -> QuerySet[Deployment]:
+    return Deployment.objects.filter(tenant=tenant, deleted_at__isnull=True)
+
+
+def _usage(spec: dict[str, Any]) -> dict[str, float]:
+    slots = 2 if spec.get("canary_version_id") else 1
+    if spec["kv_mode"] == KvMode.SHARED:
+        return {"replicas": 0, "gpus": 0, "kv_blocks": 0}
+    replicas = spec["autoscaling"]["max_replicas"] if spec["autoscaling"] else spec["num_replicas"]
+    return {
+        "replicas": replicas * slots,
+        "gpus": replicas * slots * spec["num_gpus"],
+        "kv_blocks": replicas * slots * spec["kv_blocks"],
+    }
+
+
+def check_quota(*, tenant: Tenant, spec: dict[str, Any], replacing: Deployment | None) -> None:
+    quota = Quota.objects.select_for_update().get(tenant=tenant)
+    others = live_deployments(tenant=tenant).select_related("current_revision")
+    if replacing is not None:
+        others = others.exclude(pk=replacing.pk)
+    if replacing is None and others.count() + 1 > quota.max_deployments:
+        raise QuotaExceeded(
+            f"the tenant may run {quota.max_deployments} deployments and has {others.count()}.",
+            field="max_deployments",
+        )
+    total = _usage(spec)
+    for other in others:
+        if other.current_revision is not None:
+            for key, value in _usage(other.current_revision.spec()).items():
+                total[key] += value
+    limits = {
+        "replicas": quota.max_replicas,
+        "gpus": quota.max_gpus,
+        "kv_blocks": quota.max_kv_blocks,
+    }
+    for key, limit in limits.items():
+        if total[key] > limit:
+            field = {"replicas": "num_replicas", "gpus": "num_gpus", "kv_blocks": "kv_blocks"}[key]
+            raise QuotaExceeded(
+                f"this needs {total[key]:g} {key.replace('_', ' ')} in all; the tenant's quota "
+                f"is {limit} (max_{key}).",
+                field=field,
+            )

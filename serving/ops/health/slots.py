@@ -1,0 +1,353 @@
+"""The body of one health tick: per-slot deltas of the replicas' published counters, episodes
+(a version's time in a slot), the minute roll-up, the stored rows and state, then evaluation
+against the contract and the actions (alerts, rollout steps, last good revision, rollbacks)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from portal.exceptions import PortalError
+from serving.deployments.models import Deployment, DeploymentStatus
+from serving.ops import events
+from serving.ops.health.probe import probe, probe_streaks
+from serving.ops.health.state import loads
+from serving.ops.health.targets import (
+    PROBE_STATUSES,
+    STALE_S,
+    SlotResult,
+    Target,
+    health_targets,
+)
+from serving.ops.models import Resolution, SliSample
+from serving.ops.sli_store import (
+    BOUNDARIES,
+    Slot,
+    as_datetime,
+    counts_of_totals,
+    insert_samples,
+    replica_delta,
+    sample_row,
+)
+from serving.slo.evaluate import Counts, evaluate
+
+logger = logging.getLogger(__name__)
+
+
+def _kv_summary(replicas: list[dict[str, Any]], tenant_id: str, gone: int) -> dict[str, Any]:
+    total = sum(int(r.get("kv", {}).get("num_blocks", 0)) for r in replicas)
+    free = sum(int(r.get("kv", {}).get("free_blocks", 0)) for r in replicas)
+    mine = [r.get("kv", {}).get("tenants", {}).get(tenant_id, {}) for r in replicas]
+    return {
+        "blocks_total": total,
+        "blocks_used": total - free,
+        "preemptions": sum(int(m.get("preemptions", 0)) for m in mine),
+        "evictions": sum(int(m.get("evictions", 0)) for m in mine),
+        "fragmentation": max(
+            (float(r.get("kv", {}).get("fragmentation", 0)) for r in replicas), default=0.0
+        ),
+        "replicas": len(replicas),
+        "replica_restarts": gone,
+    }
+
+
+def tick_slots(
+    now: float,
+    r: Any,
+    keys: dict[str, str],
+    serve_url: str | None,
+    act: bool,
+    deployment_ids: list[int] | None,
+) -> dict[str, Any]:
+    """One tick's work over the targets, under the lock `tick()` holds."""
+    targets = health_targets(deployment_ids=deployment_ids)
+    slots: list[tuple[Target, str]] = [(t, g) for t in targets for g in t.groups]
+    ids = [str(t.deployment.pk) for t in targets]
+    # Both slots of every target: a canary that left keeps its replicas' baselines.
+    slot_fields = [f"{t.deployment.pk}:{g}" for t in targets for g in ("stable", "canary")]
+    with r.pipeline(transaction=False) as pipe:
+        for target, group in slots:
+            pipe.hgetall(f"{keys['sli']}:{target.app}:{group}")
+        pipe.hmget(keys["state"], slot_fields or ["-"])
+        pipe.hmget(keys["deployments"], ids or ["-"])
+        pipe.hmget(keys["features"], ids or ["-"])
+        read = pipe.execute()
+    published, infos = read[: len(slots)], read[-2]
+    states = dict(zip(slot_fields, read[-3], strict=False))
+    features = {
+        t.deployment.pk: loads(raw) or {} for t, raw in zip(targets, read[-1], strict=False)
+    }
+    info = {t.deployment.pk: (loads(raw) or {}) for t, raw in zip(targets, infos, strict=False)}
+    due = [
+        t
+        for t in targets
+        if now - float(info[t.deployment.pk].get("checked_at", 0))
+        >= t.deployment.health_interval_s - 0.25
+    ]
+    due_ids = {t.deployment.pk for t in due}
+    wall = time.time()  # staleness is judged at the read, not after the probes took their time
+    probes: dict[int, Any] = {}
+    if serve_url:
+        to_probe = [t for t in due if t.deployment.status in PROBE_STATUSES]
+        probes = probe(to_probe, serve_url, timeout_s=min(5.0, settings.HEALTH_PROBE_TIMEOUT_S))
+
+    results: dict[Slot, SlotResult] = {}
+    new_states: dict[str, str] = {}
+    rows: list[SliSample] = []
+    for (target, group), replicas_raw in zip(slots, published, strict=False):
+        state_raw = states.get(f"{target.deployment.pk}:{group}")
+        dep = target.deployment
+        if dep.pk not in due_ids:
+            continue
+        state = loads(state_raw) or {}
+        seen = state.get("replicas", {})
+        version = target.version(group)
+        # A new episode (another version, or a canary that came back): its windows start at 0,
+        # and replicas already seen count only what they serve from now on.
+        fresh = state.get("version") != version or "since" not in state or state.get("ended")
+        if fresh:
+            state.pop("minute", None)
+            state["since"] = now
+        cumulative = Counts.from_dict(state["cum"]) if state.get("cum") and not fresh else Counts()
+        delta = Counts()
+        # A stopped replica's last value lingers in the hash while others refresh its TTL: it is
+        # not counted, but its baseline stays while its value does.
+        published_now = [json.loads(v) for v in replicas_raw.values()]
+        replicas = [
+            snapshot
+            for snapshot in published_now
+            if wall - float(snapshot.get("window", {}).get("end", wall)) <= STALE_S
+        ]
+        now_seen: dict[str, Any] = {
+            str(snapshot.get("replica")): seen[str(snapshot.get("replica"))]
+            for snapshot in published_now
+            if snapshot not in replicas and str(snapshot.get("replica")) in seen
+        }
+        for replica in replicas:
+            totals = counts_of_totals(replica.get("totals") or {})
+            before = seen.get(replica["replica"])
+            if replica.get("version") != version:
+                # Still the previous version's replica (going away, or mid hot-reload): its
+                # counts are not this version's; keep its baseline for when it switches.
+                if before is not None:
+                    now_seen[replica["replica"]] = before
+                continue
+            if not (fresh and before is not None):  # a known replica joins a new episode at 0
+                delta = delta + replica_delta(totals, Counts.from_dict(before) if before else None)
+            now_seen[replica["replica"]] = totals.to_dict()
+        replicas = [r for r in replicas if r.get("version") == version]
+        gone = len(set(seen) - set(now_seen)) if seen else 0
+        ok, ms, status = probes.get(dep.pk, (None, None, None))
+        if group == "stable" and ok is False and status != 502:
+            delta.requests += 1  # the version never saw it: count the failure here
+            delta.errors += 1
+        last_at = float(state.get("at", now - dep.health_interval_s))
+        delta.seconds = max(0.0, now - last_at)
+        cumulative = cumulative + delta
+        kv = _kv_summary(replicas, str(dep.tenant_id), gone)
+        slot: Slot = (dep.pk, group)
+        rows.append(
+            sample_row(
+                tenant_id=dep.tenant_id,
+                slot=slot,
+                version=version,
+                resolution=Resolution.RAW,
+                start=last_at,
+                end=now,
+                delta=delta,
+                cumulative=cumulative,
+                probe=(ok, ms) if group == "stable" else (None, None),
+                kv=kv,
+            )
+        )
+        minute = state.get("minute") or {"start": now - now % 60, "counts": {}}
+        minute_counts = Counts.from_dict(minute["counts"]) if minute["counts"] else Counts()
+        if int(now // 60) > int(float(minute["start"]) // 60):
+            rows.append(
+                sample_row(
+                    tenant_id=dep.tenant_id,
+                    slot=slot,
+                    version=version,
+                    resolution=Resolution.MINUTE,
+                    start=float(minute["start"]),
+                    end=float(minute["start"]) + 60,
+                    delta=minute_counts,
+                    cumulative=cumulative - delta,
+                    kv=kv,
+                )
+            )
+            minute = {"start": now - now % 60, "counts": delta.to_dict()}
+        else:
+            minute = {"start": minute["start"], "counts": (minute_counts + delta).to_dict()}
+        new_states[f"{dep.pk}:{group}"] = json.dumps(
+            {
+                "at": now,
+                "version": version,
+                "since": state["since"],
+                "cum": cumulative.to_dict(),
+                "replicas": now_seen,
+                "minute": minute,
+            },
+            separators=(",", ":"),
+        )
+        results[slot] = SlotResult(
+            delta=delta, cumulative=cumulative, kv=kv, since=float(state["since"])
+        )
+
+    _evaluate(now, targets, results, features)
+    streaks = probe_streaks(due, probes, info, results)
+    detected = time.time()  # a breach is known from here on (the tick's reads took time)
+    new_infos: dict[str, str] = {}
+    for target in due:
+        dep = target.deployment
+        ok, ms, status = probes.get(dep.pk, (None, None, None))
+        failures = streaks[dep.pk]
+        new_infos[str(dep.pk)] = json.dumps(
+            {
+                "checked_at": now,
+                "contract_version": target.contract_version,
+                "probe": {"ok": ok, "ms": None if ms is None else round(ms, 2), "status": status},
+                "probe_failures": failures,
+                "revision": target.revision.number,
+                "slots": {
+                    g: results[(dep.pk, g)].evaluation.to_dict()  # type: ignore[union-attr]
+                    for g in target.groups
+                    if results.get((dep.pk, g)) and results[(dep.pk, g)].evaluation is not None
+                },
+                "kv": {g: results[(dep.pk, g)].kv for g in target.groups if (dep.pk, g) in results},
+            },
+            separators=(",", ":"),
+        )
+    insert_samples(rows)
+    # A canary that left ends its episode (one that comes back starts from zero) but keeps its
+    # replicas' baselines: a lingering old replica's counts never land in the next episode.
+    for target in due:
+        field_name = f"{target.deployment.pk}:canary"
+        old = loads(states.get(field_name))
+        if "canary" not in target.groups and old and not old.get("ended"):
+            new_states[field_name] = json.dumps(
+                {"ended": True, "replicas": old.get("replicas", {})}, separators=(",", ":")
+            )
+    with r.pipeline(transaction=False) as pipe:
+        if new_states:
+            pipe.hset(keys["state"], mapping=new_states)
+        if new_infos:
+            pipe.hset(keys["deployments"], mapping=new_infos)
+        pipe.execute()
+    firing = {
+        slot: result.evaluation.firing
+        for slot, result in results.items()
+        if result.evaluation is not None and result.evaluation.firing
+    }
+    actions: list[dict[str, Any]] = []
+    if act:
+        by_id = {t.deployment.pk: t for t in targets}
+        for (dep_id, group), alerts in firing.items():
+            actions += _act(by_id[dep_id], group, alerts, detected)
+        # Only deployments measured this tick: an analysis never reads stale counters.
+        due_by_id = {pk: t for pk, t in by_id.items() if pk in due_ids}
+        actions += _advance_rollouts(now, due_by_id, results)
+        _mark_good(now, targets, firing)
+        _resume_stuck_rollbacks(r, keys)
+    return {
+        "deployments": len(targets),
+        "due": len(due),
+        "slots": len(results),
+        "rows": len(rows),
+        "probes": len(probes),
+        "firing": sum(len(a) for a in firing.values()),
+        "actions": actions,
+    }
+
+
+def _evaluate(
+    now: float,
+    targets: list[Target],
+    results: dict[Slot, SlotResult],
+    features: Mapping[int, dict[str, Any]],
+) -> None:
+    lengths: set[int] = set()
+    for target in targets:
+        if target.contract is not None:
+            lengths.update(target.contract.window_lengths())
+    by_id = {t.deployment.pk: t for t in targets}
+    episodes = {slot: (by_id[slot[0]].version(slot[1]), r.since) for slot, r in results.items()}
+    boundaries = BOUNDARIES.lookup(episodes, {w: now - w for w in lengths})
+    for slot, result in results.items():
+        contract = by_id[slot[0]].contract
+        if contract is None:
+            continue
+        found = boundaries.get(slot, {})
+        result.windows = {
+            w: result.cumulative - found[w] if w in found else result.cumulative
+            for w in contract.window_lengths()
+        }
+        reported = features.get(slot[0], {})
+        observations = {  # what the tenant reported about its features (drift, freshness)
+            "drift": reported.get("drift", {}),
+            "freshness": {f: max(0.0, now - t) for f, t in reported.get("freshness", {}).items()},
+        }
+        result.evaluation = evaluate(contract, result.windows, observations=observations)
+
+
+def _act(target: Target, group: str, alerts: list[Any], now: float) -> list[dict[str, Any]]:
+    """Tell the listeners (incidents) which alerts fire on this slot; they act on them."""
+    event = events.SlotAlerts(
+        deployment=target.deployment,
+        revision=target.revision,
+        contract_version=target.contract_version,
+        group="canary" if group == "canary" else "stable",
+        alerts=alerts,
+        detected_at=as_datetime(now),
+    )
+    try:
+        return events.alerts_fired(event)
+    except PortalError as exc:
+        logger.warning("breach on %s/%s not acted on: %s", target.app, group, exc.message)
+        return [{"deployment": target.deployment.pk, "group": group, "error": exc.message}]
+
+
+def _advance_rollouts(
+    now: float, by_id: dict[int, Target], results: dict[Slot, SlotResult]
+) -> list[dict[str, Any]]:
+    from serving.ops.rollouts import rollouts_advance
+
+    return rollouts_advance(now=now, targets=by_id, results=results)
+
+
+def _mark_good(now: float, targets: list[Target], firing: Mapping[Slot, Any]) -> None:
+    """A revision that has served without a canary and without a breach for
+    HEALTH_GOOD_AFTER_S becomes the deployment's last good revision (written on change only)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    good_after = timedelta(seconds=settings.HEALTH_GOOD_AFTER_S)
+    for target in targets:
+        dep, revision = target.deployment, target.revision
+        if (
+            dep.status == DeploymentStatus.RUNNING
+            and revision.canary_version_id is None
+            and revision.converged_at is not None
+            and timezone.now() - revision.converged_at >= good_after
+            and dep.last_good_revision_id != revision.pk
+            and not any(slot[0] == dep.pk for slot in firing)
+        ):
+            with transaction.atomic():
+                Deployment.objects.filter(pk=dep.pk).update(last_good_revision=revision)
+
+
+def _resume_stuck_rollbacks(r: Any, keys: dict[str, str]) -> None:
+    from serving.ops.rollbacks import rollbacks_stuck
+    from serving.ops.tasks import execute_rollback
+
+    every = max(1, int(settings.ROLLBACK_RESUME_AFTER_S))
+    for rollback_id in rollbacks_stuck(older_than_s=settings.ROLLBACK_RESUME_AFTER_S):
+        if r.set(f"{keys['lock']}:resume:{rollback_id}", 1, nx=True, ex=every):
+            execute_rollback.delay(rollback_id)

@@ -10,7 +10,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from serving.ops import health
-from serving.ops.models import Resolution, SliSample
+from serving.ops.models import Resolution, Rollback, Rollout, RolloutPolicy, SliSample
 from serving.ops.sli_store import as_datetime
 
 if TYPE_CHECKING:
@@ -62,3 +62,33 @@ def sli_samples_between(
     )
     raw = [r for r in rows if r.resolution == Resolution.RAW]
     return raw or [r for r in rows if r.resolution == Resolution.MINUTE]
+
+
+def rollout_list(*, tenant: Tenant, deployment: Deployment | None = None) -> QuerySet[Rollout]:
+    """The tenant's rollouts (of one deployment), newest first, with what every list shows."""
+    rows = Rollout.objects.filter(tenant=tenant)
+    if deployment is not None:
+        rows = rows.filter(deployment=deployment)
+    return (
+        rows.select_related("canary_version__model", "base_revision", "deployment", "created_by")
+        .prefetch_related("analyses")
+        .order_by("-started_at")
+    )
+
+
+def rollback_list(*, tenant: Tenant, deployment: Deployment | None = None) -> QuerySet[Rollback]:
+    """The tenant's rollbacks (of one deployment), newest first, with their revisions."""
+    rows = Rollback.objects.filter(tenant=tenant)
+    if deployment is not None:
+        rows = rows.filter(deployment=deployment)
+    return rows.select_related(
+        "from_revision__stable_version__model",
+        "to_revision__stable_version__model",
+        "new_revision",
+        "created_by",
+    ).order_by("-created_at")
+
+
+def policy_get(*, tenant: Tenant, deployment: Deployment) -> RolloutPolicy | None:
+    """The deployment's rollout policy (None: the defaults apply)."""
+    return RolloutPolicy.objects.filter(tenant=tenant, deployment=deployment).first()

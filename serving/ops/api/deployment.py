@@ -28,7 +28,7 @@ from serving.ops.api.serializers import (
     RolloutStartSerializer,
     SliPointSerializer,
 )
-from serving.ops.models import Resolution, Rollback, Rollout, RolloutPolicy
+from serving.ops.models import Resolution, RolloutPolicy
 from tenants.api.base import TenantScopedViewSet
 from tenants.models import Scope, Tenant
 
@@ -156,8 +156,7 @@ class DeploymentOpsViewSet(TenantScopedViewSet):
         """GET: the deployment's rollbacks. POST: roll back now (one click; no analysis)."""
         deployment = self.get_object()
         if request.method == "GET":
-            rows = Rollback.objects.filter(tenant=self.ctx.tenant, deployment=deployment)
-            rows = rows.select_related("from_revision", "to_revision", "new_revision")
+            rows = ops_selectors.rollback_list(tenant=self.ctx.tenant, deployment=deployment)
             return Response(RollbackSerializer(rows[:100], many=True).data)
         data = validated(RollbackInSerializer, request.data)
         target_id = None
@@ -182,9 +181,7 @@ class DeploymentOpsViewSet(TenantScopedViewSet):
     def rollout_policy(self, request: Request, pk: str) -> Response:
         deployment = self.get_object()
         if request.method == "GET":
-            policy = RolloutPolicy.objects.filter(
-                tenant=self.ctx.tenant, deployment=deployment
-            ).first()
+            policy = ops_selectors.policy_get(tenant=self.ctx.tenant, deployment=deployment)
             return Response(PolicySerializer(policy or RolloutPolicy()).data)
         data = validated(PolicySerializer, request.data)
         data["steps"] = [dict(step) for step in data["steps"]]
@@ -199,11 +196,8 @@ class DeploymentOpsViewSet(TenantScopedViewSet):
         """GET: the deployment's rollouts. POST: start a progressive rollout of a version."""
         deployment = self.get_object()
         if request.method == "GET":
-            rows = Rollout.objects.filter(tenant=self.ctx.tenant, deployment=deployment)
-            rows = rows.select_related("canary_version__model", "base_revision")
-            return Response(
-                RolloutSerializer(rows.prefetch_related("analyses")[:50], many=True).data
-            )
+            rows = ops_selectors.rollout_list(tenant=self.ctx.tenant, deployment=deployment)
+            return Response(RolloutSerializer(rows[:50], many=True).data)
         data = validated(RolloutStartSerializer, request.data)
         rollout = rollouts.rollout_start(
             tenant=self.ctx.tenant,

@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from serving.ops import rollouts
+from serving.ops import selectors as ops_selectors
 from serving.ops.api.serializers import RollbackSerializer, RolloutSerializer
 from serving.ops.models import Rollback, Rollout
 from tenants.api.base import TenantScopedViewSet
@@ -32,12 +33,7 @@ class RolloutViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSco
     }
 
     def scoped_queryset(self, tenant: Tenant) -> Any:
-        return (
-            Rollout.objects.filter(tenant=tenant)
-            .select_related("canary_version__model", "base_revision", "deployment")
-            .prefetch_related("analyses")
-            .order_by("-started_at")
-        )
+        return ops_selectors.rollout_list(tenant=tenant)
 
     def _do(self, service: Any) -> Response:
         rollout = service(tenant=self.ctx.tenant, actor=self.ctx.actor, rollout=self.get_object())
@@ -72,8 +68,4 @@ class RollbackViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
     serializer_class = RollbackSerializer
 
     def scoped_queryset(self, tenant: Tenant) -> Any:
-        return (
-            Rollback.objects.filter(tenant=tenant)
-            .select_related("from_revision", "to_revision", "new_revision")
-            .order_by("-created_at")
-        )
+        return ops_selectors.rollback_list(tenant=tenant)

@@ -16,7 +16,8 @@ from serving.deployments import selectors as deployment_selectors
 from serving.deployments.models import Deployment
 from serving.ops import forms as ops_forms
 from serving.ops import rollbacks, rollouts
-from serving.ops.models import Rollback, RollbackStatus, Rollout
+from serving.ops import selectors as ops_selectors
+from serving.ops.models import RollbackStatus, Rollout
 from serving.ops.views.health import require_deploy
 from serving.registry import selectors as registry
 from serving.registry.models import VersionStatus
@@ -50,11 +51,7 @@ def _rollout_steps(rollout: Rollout) -> list[dict[str, Any]]:
 def _rollout_context(
     request: HttpRequest, tenant: Tenant, deployment: Deployment
 ) -> dict[str, Any]:
-    recent = list(
-        Rollout.objects.filter(tenant=tenant, deployment=deployment)
-        .select_related("canary_version__model", "base_revision", "created_by")
-        .order_by("-started_at")[:10]
-    )
+    recent = list(ops_selectors.rollout_list(tenant=tenant, deployment=deployment)[:10])
     rollout = next((r for r in recent if r.is_active), recent[0] if recent else None)
     return {
         "d": deployment,
@@ -69,16 +66,7 @@ def _rollout_context(
 def _rollback_context(
     request: HttpRequest, tenant: Tenant, deployment: Deployment
 ) -> dict[str, Any]:
-    rows = list(
-        Rollback.objects.filter(tenant=tenant, deployment=deployment)
-        .select_related(
-            "from_revision__stable_version__model",
-            "to_revision__stable_version__model",
-            "new_revision",
-            "created_by",
-        )
-        .order_by("-created_at")[:20]
-    )
+    rows = list(ops_selectors.rollback_list(tenant=tenant, deployment=deployment)[:20])
 
     def span(a: datetime | None, b: datetime | None) -> float | None:
         return None if a is None or b is None else (b - a).total_seconds()

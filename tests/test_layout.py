@@ -126,7 +126,6 @@ WRITES_OUTSIDE_SERVICES: dict[str, str] = {
     "serving/ops/rollouts.py": "the rollout services (rollout_start/advance/promote/abort)",
     "serving/ops/rollbacks.py": "the rollback services (rollback_start, the executor's steps)",
     "serving/ops/health/slots.py": "the health tick records the probe state of its deployments",
-    "serving/telemetry/agent/agent.py": "the GPU agent stores and prunes its own samples",
     "serving/engine/testing.py": "saves a tokenizer file (not a row)",
     "serving/deployments/models.py": "Model.save() override calls super().save()",
     "incidents/models.py": "Model.save() override calls super().save()",

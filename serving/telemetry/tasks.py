@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 from portal.celery import task
-from serving.telemetry import agent
+from serving.telemetry.services import prune_samples
 
 
 @task(name="serving.prune_gpu_samples", queue="health", time_limit=120)
 def prune_gpu_samples() -> dict[str, int]:
     """1 s GPU rows live an hour, minute rows 30 days."""
-    return agent.prune(now=time.time())
+    return prune_samples(now=time.time())

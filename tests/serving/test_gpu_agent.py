@@ -22,6 +22,7 @@ from serving.telemetry.models import GpuDeviceSample, GpuProcessSample
 from serving.telemetry.providers.base import GpuProcess
 from serving.telemetry.providers.nvml import NvmlProvider
 from serving.telemetry.providers.simulated import SimulatedProvider
+from serving.telemetry.services import store_samples
 from tests.conftest import TenantWorld
 from tests.serving.test_ops_loop import Replica, _ready
 from tests.telemetry.test_providers import FakeGpu, FakeNvml
@@ -157,7 +158,7 @@ def test_one_second_and_one_minute_rows_are_means_of_the_samples(
     assert seconds[0].temperature_max_c == 44.0 and seconds[0].temperature_c == 42.0
     assert minutes[0].samples == 300 and minutes[0].at.timestamp() == start
     assert [r.used_memory for r in rows[1] if r.resolution == 1][0] == 2 * GIB
-    gpu_agent.store_samples(*rows)
+    store_samples(devices=rows[0], processes=rows[1])
     assert GpuDeviceSample.objects.count() == 65 and GpuProcessSample.objects.count() == 65
     assert GpuProcessSample.objects.filter(tenant=world_a.tenant).count() == 65
 
@@ -242,7 +243,7 @@ def test_old_rows_are_pruned(world_a: TenantWorld) -> None:
             devices, processes = downsampler.add(sample)
             rows[0] += devices
             rows[1] += processes
-    gpu_agent.store_samples(*rows)
+    store_samples(devices=rows[0], processes=rows[1])
     before = GpuDeviceSample.objects.count()
     pruned = prune_gpu_samples.delay().get()
     assert pruned["gpu_devices"] > 0 and pruned["gpu_processes"] > 0

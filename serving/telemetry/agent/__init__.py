@@ -17,14 +17,10 @@ of the web server's event loop, since the in-memory channel layer lives in that 
 from __future__ import annotations
 
 from serving.telemetry.agent.agent import (
-    MINUTE_RETENTION_S,
-    SECOND_RETENTION_S,
     AgentConfig,
     GpuAgent,
     agents_status,
     latest_snapshots,
-    prune,
-    store_samples,
 )
 from serving.telemetry.agent.attribution import (
     Owner,
@@ -41,8 +37,6 @@ from serving.telemetry.keys import EVENT, gpu_keys, node_group, tenant_group
 __all__ = [
     "EVENT",
     "LOG_SECONDS",
-    "MINUTE_RETENTION_S",
-    "SECOND_RETENTION_S",
     "AgentConfig",
     "Downsampler",
     "GpuAgent",
@@ -56,11 +50,9 @@ __all__ = [
     "latest_snapshots",
     "node_group",
     "owners_map",
-    "prune",
     "replicas_by_pid",
     "sample_log",
     "seq_key",
-    "store_samples",
     "tenant_group",
     "views",
 ]

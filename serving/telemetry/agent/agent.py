@@ -1,5 +1,6 @@
 """One node's GPU agent: the sampling loop (sample, attribute, publish, downsample, store), its
-status, and the readers of what the agents last published; plus pruning of stored samples."""
+status, and the readers of what the agents last published (rows are stored through
+serving.telemetry.services)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -40,27 +40,6 @@ from serving.telemetry.providers.base import (
 
 logger = logging.getLogger(__name__)
 
-SECOND_RETENTION_S = 3600 + 600  # 1 s rows: an hour (and a margin)
-MINUTE_RETENTION_S = 30 * 86400
-
-
-def prune(*, now: float) -> dict[str, int]:
-    """Drop 1 s rows older than an hour and 1 min rows older than 30 days."""
-    from serving.telemetry.models import GpuDeviceSample, GpuProcessSample, GpuResolution
-
-    out = {}
-    for model, name in ((GpuDeviceSample, "gpu_devices"), (GpuProcessSample, "gpu_processes")):
-        seconds, _ = model.objects.filter(  # type: ignore[attr-defined]
-            resolution=GpuResolution.SECOND,
-            at__lt=datetime.fromtimestamp(now - SECOND_RETENTION_S, tz=UTC),
-        ).delete()
-        minutes, _ = model.objects.filter(  # type: ignore[attr-defined]
-            resolution=GpuResolution.MINUTE,
-            at__lt=datetime.fromtimestamp(now - MINUTE_RETENTION_S, tz=UTC),
-        ).delete()
-        out[name] = seconds + minutes
-    return out
-
 
 def _db(func: Any) -> Any:
     """A database call of the agent's loop, in a thread: its connection is handled like a
@@ -75,14 +54,10 @@ def _db(func: Any) -> Any:
     return sync_to_async(call)
 
 
-def store_samples(devices: list[Any], processes: list[Any]) -> None:
-    """Insert the rows of the spans that ended (one batch per table)."""
-    from serving.telemetry.models import GpuDeviceSample, GpuProcessSample
+def _store(rows: tuple[list[Any], list[Any]]) -> None:
+    from serving.telemetry.services import store_samples
 
-    if devices:
-        GpuDeviceSample.objects.bulk_create(devices)
-    if processes:
-        GpuProcessSample.objects.bulk_create(processes)
+    store_samples(devices=rows[0], processes=rows[1])
 
 
 def _live_deployments() -> list[tuple[int, str]]:
@@ -235,7 +210,7 @@ class GpuAgent:
         if self.config.persist:
             rows = self.downsampler.add(snapshot)
             if rows[0] or rows[1]:
-                await _db(store_samples)(*rows)
+                await _db(_store)(rows)
         self.samples += 1
         return snapshot
 

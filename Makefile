@@ -33,10 +33,10 @@ install: $(VENV)/.installed frontend
 
 install-dev: $(VENV)/.installed-dev frontend
 
+# Without DATABASE_URL / REDIS_URL, `up` starts the embedded PostgreSQL and Valkey first
+# (portal/embedded.py, data under var/), then migrates and creates the demo tenant (--setup).
 up: install
-	$(BIN)/python manage.py migrate --noinput -v 0
-	$(BIN)/python manage.py demo_tenant
-	GPU_AGENT_SIMULATE=$${GPU_AGENT_SIMULATE:-1} $(BIN)/python manage.py up --port $(PORT)
+	GPU_AGENT_SIMULATE=$${GPU_AGENT_SIMULATE:-1} $(BIN)/python manage.py up --setup --port $(PORT)
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -1,9 +1,7 @@
 """The request gate: token-bucket rate limits per tenant and per API token, plus deny markers.
 
-With Redis configured, one Lua script checks an optional deny marker (a revoked token) and
-charges all buckets of a request atomically: one round trip, no race between web processes.
-Embedded mode (no Redis) uses the same algorithm behind a process-wide lock, which is atomic
-for the single web process it runs.
+One Lua script in Redis checks an optional deny marker (a revoked token) and charges all
+buckets of a request atomically: one round trip, no race between web processes.
 
 Leases: for fast buckets (every bucket of the request at >= 2 / RATE_LIMIT_LEASE_FRACTION
 requests per second, 200/s by default) one round trip takes up to
@@ -100,34 +98,14 @@ class Denied(Exception):
 
 
 _local_lock = threading.Lock()
-_local_state: dict[str, tuple[float, float]] = {}
 _local_markers: dict[str, float] = {}
-# Values published with set_value(): name -> (monotonic expiry, value), what embedded mode
-# reads; with Redis, Redis is the truth and _value_memo keeps its young replies.
-_local_values: dict[str, tuple[float, str]] = {}
+# Values published with set_value(): Redis is the truth; _value_memo keeps its young replies
+# (name -> (monotonic expiry, value)).
 _value_memo: dict[str, tuple[float, str | None]] = {}
 
 
 def _key(name: str) -> str:
     return f"{settings.RATE_LIMIT_KEY_PREFIX}:{name}"
-
-
-def _consume_local(buckets: list[Bucket], deny_marker: str | None) -> float:
-    now = time.monotonic()
-    with _local_lock:
-        if deny_marker is not None and _local_markers.get(deny_marker, 0.0) > now:
-            raise Denied(deny_marker)
-        levels = []
-        wait = 0.0
-        for bucket in buckets:
-            tokens, ts = _local_state.get(bucket.key, (bucket.capacity, now))
-            tokens = min(bucket.capacity, tokens + (now - ts) * bucket.rate_per_second)
-            levels.append(tokens)
-            if tokens < 1:
-                wait = max(wait, (1 - tokens) / bucket.rate_per_second)
-        for bucket, tokens in zip(buckets, levels, strict=True):
-            _local_state[bucket.key] = (tokens - 1 if wait == 0 else tokens, now)
-        return wait
 
 
 def rates_are_leased(*rates: float | None) -> bool:
@@ -167,8 +145,6 @@ def consume(buckets: list[Bucket], *, deny_marker: str | None = None) -> float:
     Raises Denied when `deny_marker` is set (checked in the same atomic step).
     """
     buckets = [b for b in buckets if b.rate_per_second > 0]
-    if not settings.REDIS_URL:
-        return _consume_local(buckets, deny_marker)
     now = time.monotonic()
     if deny_marker is not None and _local_markers.get(deny_marker, 0.0) > now:
         raise Denied(deny_marker)
@@ -208,8 +184,7 @@ def set_marker(name: str, ttl_s: int) -> None:
         marker_key = _key(name)
         for lease_key in [k for k in _leases if k[-1] == marker_key]:
             del _leases[lease_key]
-    if settings.REDIS_URL:
-        redis_client(settings.REDIS_URL).set(_key(name), "1", ex=ttl_s)
+    redis_client(settings.REDIS_URL).set(_key(name), "1", ex=ttl_s)
 
 
 def throttle(buckets: list[Bucket]) -> float:
@@ -221,28 +196,17 @@ def throttle(buckets: list[Bucket]) -> float:
 def set_value(name: str, value: str, ttl_s: int) -> None:
     """Publish `value` under `name` for `ttl_s` seconds, for every web process at once."""
     ttl_s = max(1, ttl_s)
-    if settings.REDIS_URL:
-        redis_client(settings.REDIS_URL).set(_key(name), value, ex=ttl_s)
+    redis_client(settings.REDIS_URL).set(_key(name), value, ex=ttl_s)
     with _local_lock:
-        now = time.monotonic()
-        for stale in [k for k, (until, _) in _local_values.items() if until <= now]:
-            del _local_values[stale]
-        _local_values[name] = (now + ttl_s, value)
         _value_memo.pop(name, None)
 
 
 def get_value(name: str, *, memo_ms: int = 0) -> str | None:
-    """The value published under `name`, or None. With Redis one GET, unless `memo_ms` > 0
-    lets this process reuse a reply that young (the lease bound: a change made in another
-    process is seen within memo_ms; made in this one, at once)."""
+    """The value published under `name`, or None. One GET, unless `memo_ms` > 0 lets this
+    process reuse a reply that young (the lease bound: a change made in another process is seen
+    within memo_ms; made in this one, at once)."""
     now = time.monotonic()
     with _local_lock:
-        local = _local_values.get(name)
-        if local is not None and local[0] <= now:
-            del _local_values[name]
-            local = None
-        if not settings.REDIS_URL:
-            return local[1] if local is not None else None
         memo = _value_memo.get(name)
         if memo is not None and memo[0] > now:
             return memo[1]

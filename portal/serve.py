@@ -8,7 +8,6 @@ WS_MAX_BYTES. Used by `manage.py up` and in production.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import copy
 import os
 from typing import Any
@@ -39,16 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument(
-        "--gpu-agent",
-        action="store_true",
-        help="run this node's GPU agent in the server's event loop (embedded mode, no Redis: "
-        "the in-memory channel layer reaches only this process's browsers)",
-    )
     args = parser.parse_args(argv)
-    if args.gpu_agent:
-        asyncio.run(serve_with_agent(args.host, args.port))
-        return
     uvicorn.run(
         "portal.asgi:application",
         host=args.host,
@@ -60,36 +50,6 @@ def main(argv: list[str] | None = None) -> None:
         log_config=log_config(),
         ws_max_size=ws_max_size(),
     )
-
-
-async def serve_with_agent(host: str, port: int) -> None:
-    from channels.layers import get_channel_layer
-    from django.conf import settings
-
-    from portal.asgi import application  # sets Django up
-    from serving.telemetry.agent import AgentConfig, GpuAgent
-
-    config = uvicorn.Config(
-        application,
-        host=host,
-        port=port,
-        lifespan="off",
-        server_header=False,
-        proxy_headers=True,
-        log_config=log_config(),
-        ws_max_size=ws_max_size(),
-    )
-    agent_config = AgentConfig(hz=settings.GPU_AGENT_HZ, simulate=settings.GPU_AGENT_SIMULATE)
-    if settings.GPU_AGENT_NODE:
-        agent_config.node = settings.GPU_AGENT_NODE
-    agent = GpuAgent(agent_config, layer=get_channel_layer())
-    stop = asyncio.Event()
-    task = asyncio.create_task(agent.run(stop))
-    try:
-        await uvicorn.Server(config).serve()
-    finally:
-        stop.set()
-        await task
 
 
 if __name__ == "__main__":

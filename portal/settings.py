@@ -1,9 +1,10 @@
 """Portal settings: everything from environment variables, with embedded defaults.
 
-Embedded mode (no DATABASE_URL / REDIS_URL): SQLite in WAL mode, a filesystem Celery broker,
-an in-process channel layer and a local-memory cache. With DATABASE_URL and REDIS_URL set, the
-portal uses PostgreSQL and Redis for everything (broker, results, channel layer, cache, rate
-limits). PORTAL_ENV=production turns on the hardened settings and requires a real secret key.
+One code path: PostgreSQL for the rows, Redis for everything else (broker, results, channel
+layer, cache, rate limits, SLI windows). Without DATABASE_URL / REDIS_URL the portal uses its
+embedded servers (portal/embedded.py: PostgreSQL and Valkey from pip packages, on 127.0.0.1,
+data under PORTAL_DATA_DIR), which `manage.py up` starts before anything else.
+PORTAL_ENV=production turns on the hardened settings and requires a real secret key.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from portal import embedded as portal_embedded
 from portal import secrets as portal_secrets
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -129,65 +131,41 @@ TEMPLATES = [
 ]
 
 # --- Database ---------------------------------------------------------------------------
-DATABASE_URL = env_str("DATABASE_URL")
-if DATABASE_URL:
-    # Health checks on reuse: after a PostgreSQL restart the first request reconnects instead
-    # of failing on a dead persistent connection.
-    DATABASES = {
-        "default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
-    }
-else:
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": str(DATA_DIR / "portal.sqlite3"),
-            "OPTIONS": {
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 20,
-            },
-        }
-    }
+# No DATABASE_URL / REDIS_URL: the embedded servers' URLs (started by `manage.py up`).
+EMBEDDED = portal_embedded.from_env()
+EMBEDDED_POSTGRES = not env_str("DATABASE_URL")
+EMBEDDED_REDIS = not env_str("REDIS_URL")
+DATABASE_URL = env_str("DATABASE_URL") or EMBEDDED.database_url
+# Health checks on reuse: after a PostgreSQL restart the first request reconnects instead
+# of failing on a dead persistent connection.
+DATABASES = {
+    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: broker, results, channel layer, cache, rate limits ---------------------------
-REDIS_URL = env_str("REDIS_URL")
-if REDIS_URL:
-    CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": REDIS_URL,
-            "KEY_PREFIX": env_str("CACHE_KEY_PREFIX", "portal"),
-        }
+REDIS_URL = env_str("REDIS_URL") or EMBEDDED.redis_url
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": env_str("CACHE_KEY_PREFIX", "portal"),
     }
-    # CHANNEL_LAYER=pubsub (default) is channels_redis' RedisPubSubChannelLayer: faster fan-out
-    # (bench/ws_fanout.py) and it re-subscribes by itself when Redis comes back (the stream
-    # resumes in ~1 s; `core`, the list-based RedisChannelLayer, took 5.5 s and loses the groups).
-    _pubsub = env_str("CHANNEL_LAYER", "pubsub") == "pubsub"
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer"
-            if _pubsub
-            else "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNEL_PREFIX", "portal:asgi")},
-        }
+}
+# CHANNEL_LAYER=pubsub (default) is channels_redis' RedisPubSubChannelLayer: faster fan-out
+# (bench/ws_fanout.py) and it re-subscribes by itself when Redis comes back (the stream
+# resumes in ~1 s; `core`, the list-based RedisChannelLayer, took 5.5 s and loses the groups).
+_pubsub = env_str("CHANNEL_LAYER", "pubsub") == "pubsub"
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer"
+        if _pubsub
+        else "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNEL_PREFIX", "portal:asgi")},
     }
-    CELERY_BROKER_URL = REDIS_URL
-    CELERY_RESULT_BACKEND = REDIS_URL
-else:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    _broker_dir = DATA_DIR / "broker"
-    CELERY_BROKER_URL = "filesystem://"
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_broker_dir / "queue"),
-        "data_folder_out": str(_broker_dir / "queue"),
-        "processed_folder": str(_broker_dir / "processed"),
-        "control_folder": str(_broker_dir / "control"),
-        "store_processed": False,
-    }
-    CELERY_RESULT_BACKEND = f"file://{DATA_DIR / 'results'}"
+}
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = REDIS_URL
 
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_QUEUES_NAMES = ("default", "health", "chaos")
@@ -355,7 +333,7 @@ GPU_AGENT_NODE = env_str("GPU_AGENT_NODE", "")
 GPU_AGENT_SIMULATE = env_bool("GPU_AGENT_SIMULATE", False)
 # `process`: `manage.py gpu_agent` on each GPU node (the `up` supervisor starts it on this one);
 # `ray`: a sampler per Ray node declared with the deployments (serving.dataplane.gpu_node) and
-# one relay beside the portal (`manage.py gpu_agent --relay`). Needs Redis.
+# one relay beside the portal (`manage.py gpu_agent --relay`).
 GPU_AGENT_MODE = env_str("GPU_AGENT_MODE", "process")
 if GPU_AGENT_MODE not in ("process", "ray"):
     raise ImproperlyConfigured("GPU_AGENT_MODE: give `process` or `ray`.")

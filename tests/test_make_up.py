@@ -1,4 +1,5 @@
-"""Smoke tests of `make up` in embedded mode: SQLite, filesystem broker, no PostgreSQL or Redis.
+"""Smoke tests of `make up` with no DATABASE_URL / REDIS_URL: the portal starts its embedded
+PostgreSQL and Valkey (portal/embedded.py, on free loopback ports here) before anything else.
 
 Each runs the real command in a fresh data folder, waits for the portal, uses it like a visitor
 (login page, API schema, the printed demo login), then presses Ctrl-C (SIGINT to the process
@@ -20,7 +21,6 @@ import re
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import time
 import urllib.error
@@ -29,6 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from serving.control.cluster import HeadState, LocalHeadConfig, head_processes, listening_sockets
@@ -60,7 +61,7 @@ DROPPED_ENV = (
     "RAY_SERVE_URL",
 )
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-STARTED = re.compile(r"^\[up\] (\w+) started \(pid (\d+)\)$", re.MULTILINE)
+STARTED = re.compile(r"^\[up\] ([\w-]+) started \(pid (\d+)\)$", re.MULTILINE)
 
 
 def _free_port() -> int:
@@ -137,6 +138,9 @@ class Portal:
         self.log_path = tmp_path / "make-up.log"
         env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV} | (env or {})
         env["PORTAL_DATA_DIR"] = str(self.data_dir)
+        self.pg_port, self.redis_port = _free_port(), _free_port()
+        env["PORTAL_EMBEDDED_PG_PORT"] = str(self.pg_port)
+        env["PORTAL_EMBEDDED_REDIS_PORT"] = str(self.redis_port)
         self.env = env
         self.env_marker = f"PORTAL_DATA_DIR={self.data_dir}".encode()
         self._log = self.log_path.open("wb")
@@ -192,15 +196,18 @@ class Portal:
             pytest.fail(f"make up still running {timeout:.0f}s after SIGINT:\n{self.output}")
         return self.output
 
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Read the portal's own (embedded) database beside the running portal."""
+        url = f"postgresql://postgres@127.0.0.1:{self.pg_port}/portal"
+        with psycopg.connect(url, connect_timeout=10) as db:
+            return db.execute(sql, params).fetchall()  # type: ignore[arg-type]
+
     def deployment_status(self, name: str) -> str | None:
-        """What the portal's database says of a deployment (read-only, beside the running portal)."""
-        uri = f"file:{self.data_dir / 'portal.sqlite3'}?mode=ro"
-        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as db:
-            row = db.execute(
-                "SELECT status FROM serving_deployment WHERE name = ? AND deleted_at IS NULL",
-                (name,),
-            ).fetchone()
-        return None if row is None else str(row[0])
+        rows = self.query(
+            "SELECT status FROM serving_deployment WHERE name = %s AND deleted_at IS NULL",
+            (name,),
+        )
+        return None if not rows else str(rows[0][0])
 
     def row_counts(self) -> dict[str, int]:
         tables = {
@@ -209,12 +216,10 @@ class Portal:
             "deployment": "serving_deployment",
             "key": "serving_inferencekey",
         }
-        uri = f"file:{self.data_dir / 'portal.sqlite3'}?mode=ro"
-        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as db:
-            return {
-                name: int(db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])  # noqa: S608
-                for name, table in tables.items()
-            }
+        return {
+            name: int(self.query(f"SELECT COUNT(*) FROM {table}")[0][0])  # noqa: S608
+            for name, table in tables.items()
+        }
 
     def close(self, stop_timeout: float = STOP_TIMEOUT) -> None:
         """Leave nothing behind, whatever state the test stopped in."""
@@ -304,7 +309,8 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
     portal = Portal(tmp_path, env={"PORTAL_RAY": "off"})
     try:
         portal.wait_until_up(START_TIMEOUT)
-        assert (portal.data_dir / "portal.sqlite3").exists(), "embedded mode uses SQLite"
+        assert (portal.data_dir / "postgres" / "PG_VERSION").exists(), "the embedded PostgreSQL"
+        assert portal.query("SELECT inet_server_addr()::text") == [("127.0.0.1/32",)]
         # Printed right after the supervisor's own readiness check, which can trail ours.
         portal.wait_for_output(
             re.escape("[up] Ray: off (PORTAL_RAY=off); deployments stay pending"), timeout=30
@@ -322,8 +328,8 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
         assert final_url == f"{portal.base}/t/{slug}/"
         assert 'data-testid="tenant-heading"' in page
 
-        # No GPU here: the web server runs the agent (no Redis) on the simulated provider,
-        # and the dashboard says so.
+        # No GPU here: this node's agent runs on the simulated provider, and the dashboard
+        # says so.
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             status, _, gpus = _get(f"{portal.base}/t/{slug}/gpus/", opener)
@@ -335,10 +341,12 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
 
         # Everything printed its start line before the portal answered.
         deadline = time.monotonic() + 10
-        while len(portal.started_parts()) < 3 and time.monotonic() < deadline:
+        while len(portal.started_parts()) < 6 and time.monotonic() < deadline:
             time.sleep(0.2)
         parts = portal.started_parts()
-        assert set(parts) == {"web", "worker", "beat"}, portal.output
+        assert list(parts) == ["postgres", "valkey", "web", "gpu-agent", "worker", "beat"], (
+            portal.output
+        )
         assert all(_alive(pid) for pid in parts.values()), parts
 
         # The demo deployment exists and waits for a cluster; the worker retries its reconcile.
@@ -349,16 +357,8 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
         )
         assert portal.deployment_status("demo") == "pending"
 
-        output = portal.ctrl_c(STOP_TIMEOUT)  # Ctrl-C in the terminal
-        assert "[up] stopped (exit 0)" in output, output
-        assert "--- Logging error ---" not in output, output  # e.g. a filter breaking a handler
-        assert "Traceback" not in output, output
-        assert not _listening(portal.port), "the web server still listens"
-        left = {name: pid for name, pid in parts.items() if _alive(pid)}
-        assert not left, f"parts still running after stop: {left}"
-        assert not _pids_with_env(portal.env_marker), "processes of this portal are left"
-
-        # A second run (the next `make up`) reuses the demo: no new model, version or key.
+        # A second `demo_tenant` (the next `make up` runs it again) reuses the demo: no new
+        # model, version or key.
         again = subprocess.run(
             [str(REPO / ".venv" / "bin" / "python"), "manage.py", "demo_tenant"],
             cwd=REPO,
@@ -371,6 +371,16 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
         assert "Demo deployment 'demo' exists (status pending)" in again.stdout, again.stdout
         assert "inference key:" not in again.stdout
         assert portal.row_counts() == {"model": 1, "version": 1, "deployment": 1, "key": 1}
+
+        output = portal.ctrl_c(STOP_TIMEOUT)  # Ctrl-C in the terminal
+        assert "[up] stopped (exit 0)" in output, output
+        assert "--- Logging error ---" not in output, output  # e.g. a filter breaking a handler
+        assert "Traceback" not in output, output
+        assert not _listening(portal.port), "the web server still listens"
+        assert not _listening(portal.pg_port) and not _listening(portal.redis_port)
+        left = {name: pid for name, pid in parts.items() if _alive(pid)}
+        assert not left, f"parts still running after stop: {left}"
+        assert not _pids_with_env(portal.env_marker), "processes of this portal are left"
     finally:
         portal.close()
 
@@ -394,7 +404,16 @@ def test_make_up_with_the_local_ray_head_serves_the_demo_deployment(tmp_path: Pa
         portal.wait_until_up(START_TIMEOUT)
         output = portal.output
         parts = portal.started_parts()
-        assert list(parts) == ["ray", "web", "worker", "beat"], output  # the head first
+        # The embedded servers first, then the head, then the rest.
+        assert list(parts) == [
+            "postgres",
+            "valkey",
+            "ray",
+            "web",
+            "gpu-agent",
+            "worker",
+            "beat",
+        ], output
         assert f"Serve proxy on http://127.0.0.1:{serve}/" in output, output
 
         slug, _, _ = _demo_login(output)

@@ -24,9 +24,8 @@ def control_delay_key() -> str:
 
 class InjectedDelay:
     """How long a `control_plane_delay` drill wants each Serve API call held (0 without one).
-    Read at every call, so the delay ends the moment the key goes (revert or TTL). Without
-    Redis (embedded mode, or Redis down) there is no delay: a drill cannot be in force, and
-    the client must never fail because of its chaos hook."""
+    Read at every call, so the delay ends the moment the key goes (revert or TTL). With Redis
+    down there is no delay: the client must never fail because of its chaos hook."""
 
     RETRY_AFTER_S = 5.0
 
@@ -36,9 +35,9 @@ class InjectedDelay:
         self._down_until = 0.0
 
     def seconds(self) -> float:
-        url = settings.REDIS_URL or None
+        url = settings.REDIS_URL
         key = control_delay_key()
-        if url is None or time.monotonic() < self._down_until:
+        if time.monotonic() < self._down_until:
             return 0.0
         try:
             if self._redis is None or url != self._url:

@@ -60,15 +60,14 @@ def pool_share(pool: SharedPool, plan_blocks: int) -> FairShare:
 
 def _published_use(pool: SharedPool, tenant_id: str) -> list[dict[str, Any]] | None:
     """The tenant's entry in each pool replica's published KV stats (its own entry only:
-    the others' stay unread); None when Redis is not there or does not answer."""
-    url = getattr(settings, "REDIS_URL", "")
-    if not url:
-        return None
+    the others' stay unread); None when Redis does not answer."""
     import redis
 
     key = f"{settings.SLI_KEY_PREFIX}:sli:{pool_app(pool.name)}:pool"
     try:
-        client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5
+        )
         values = client.hgetall(key).values()
     except redis.RedisError:
         return None

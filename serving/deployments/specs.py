@@ -173,7 +173,7 @@ def desired_state() -> tuple[list[DeploymentSpec], list[PoolSpec], list[int]]:
 
 
 def _telemetry() -> dict[str, Any]:
-    return {"redis_url": settings.REDIS_URL or None, "prefix": settings.SLI_KEY_PREFIX}
+    return {"redis_url": settings.REDIS_URL, "prefix": settings.SLI_KEY_PREFIX}
 
 
 def gpu_node_count(client: ServeApiClient) -> int:
@@ -185,8 +185,8 @@ def gpu_node_count(client: ServeApiClient) -> int:
 
 
 def gpu_nodes_spec(client: ServeApiClient) -> GpuNodesSpec | None:
-    """GPU_AGENT_MODE=ray (with Redis, where the samples go): one sampler per node."""
-    if settings.GPU_AGENT_MODE != "ray" or not settings.REDIS_URL:
+    """GPU_AGENT_MODE=ray: one sampler per node (the samples go to Redis)."""
+    if settings.GPU_AGENT_MODE != "ray":
         return None
     return GpuNodesSpec(
         nodes=gpu_node_count(client),

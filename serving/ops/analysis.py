@@ -29,14 +29,10 @@ def _contract(deployment_id: int) -> Contract | None:
 def since(deployment_id: int, started: float, now: float) -> dict[str, Counts]:
     """Counts of each slot's current version since `started` (its cumulative totals now, as
     the last health tick stored them, minus those at `started`)."""
-    from django.conf import settings
-
     from serving.ops.health.state import health_keys, health_redis, loads
 
     window = max(1, int(now - started))
     groups = ("stable", "canary")
-    if not settings.REDIS_URL:  # embedded mode: nothing measured, so nothing to compare
-        return {g: Counts() for g in groups}
     raw = health_redis().hmget(health_keys()["state"], [f"{deployment_id}:{g}" for g in groups])
     states = {g: loads(r) or {} for g, r in zip(groups, raw, strict=True)}
     episodes = {

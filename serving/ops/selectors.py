@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def deployment_health(deployment_id: int) -> dict[str, Any]:
-    """What the last tick found for one deployment ({} before the first, or without Redis)."""
+    """What the last tick found for one deployment ({} before the first)."""
     return health.deployment_health(deployment_id)
 
 

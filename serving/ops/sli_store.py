@@ -59,64 +59,41 @@ def lookup_before(
     found: dict[Slot, dict[int, Counts]] = {slot: {} for slot, _ in ordered}
     if not ordered or not cutoffs:
         return found
-    if connection.vendor == "postgresql":
-        parts: list[str] = []
-        params: list[Any] = []
-        for window, cutoff in sorted(cutoffs.items()):
-            wanted = [(s, e) for s, e in ordered if only is None or s in only.get(window, ())]
-            if not wanted:
-                continue
-            deployment_ids = [d for (d, _), _ in wanted]
-            groups = [g for (_, g), _ in wanted]
-            versions = [v[:64] for _, (v, _) in wanted]
-            since = [as_datetime(t) for _, (_, t) in wanted]
-            resolution = Resolution.RAW if window <= RAW_WINDOW_MAX_S else Resolution.MINUTE
-            parts.append(
-                "SELECT s.dep, s.grp, %s AS win, x.cumulative FROM unnest(%s::bigint[],"
-                " %s::text[], %s::text[], %s::timestamptz[]) AS s(dep, grp, ver, since)"
-                " CROSS JOIN LATERAL (SELECT cumulative FROM serving_slisample"
-                ' WHERE deployment_id = s.dep AND "group" = s.grp AND version = s.ver'
-                ' AND resolution = %s AND "end" >= s.since AND "end" <= %s'
-                ' ORDER BY "end" DESC LIMIT 1) x'
-            )
-            params += [
-                window,
-                deployment_ids,
-                groups,
-                versions,
-                since,
-                int(resolution),
-                as_datetime(cutoff),
-            ]
-        if not parts:
-            return found
-        with connection.cursor() as cursor:
-            cursor.execute(" UNION ALL ".join(parts), params)
-            for dep, grp, window, cumulative in cursor.fetchall():
-                value = cumulative if isinstance(cumulative, dict) else _json(cumulative)
-                found[(dep, grp)][window] = Counts.from_dict(value)
+    parts: list[str] = []
+    params: list[Any] = []
+    for window, cutoff in sorted(cutoffs.items()):
+        wanted = [(s, e) for s, e in ordered if only is None or s in only.get(window, ())]
+        if not wanted:
+            continue
+        deployment_ids = [d for (d, _), _ in wanted]
+        groups = [g for (_, g), _ in wanted]
+        versions = [v[:64] for _, (v, _) in wanted]
+        since = [as_datetime(t) for _, (_, t) in wanted]
+        resolution = Resolution.RAW if window <= RAW_WINDOW_MAX_S else Resolution.MINUTE
+        parts.append(
+            "SELECT s.dep, s.grp, %s AS win, x.cumulative FROM unnest(%s::bigint[],"
+            " %s::text[], %s::text[], %s::timestamptz[]) AS s(dep, grp, ver, since)"
+            " CROSS JOIN LATERAL (SELECT cumulative FROM serving_slisample"
+            ' WHERE deployment_id = s.dep AND "group" = s.grp AND version = s.ver'
+            ' AND resolution = %s AND "end" >= s.since AND "end" <= %s'
+            ' ORDER BY "end" DESC LIMIT 1) x'
+        )
+        params += [
+            window,
+            deployment_ids,
+            groups,
+            versions,
+            since,
+            int(resolution),
+            as_datetime(cutoff),
+        ]
+    if not parts:
         return found
-    # Embedded mode (SQLite, a handful of deployments): one small query per slot and window.
-    for slot, (version, started) in ordered:
-        for window, cutoff in cutoffs.items():
-            if only is not None and slot not in only.get(window, ()):
-                continue
-            resolution = Resolution.RAW if window <= RAW_WINDOW_MAX_S else Resolution.MINUTE
-            row = (
-                SliSample.objects.filter(
-                    deployment_id=slot[0],
-                    group=slot[1],
-                    version=version[:64],
-                    resolution=resolution,
-                    end__gte=as_datetime(started),
-                    end__lte=as_datetime(cutoff),
-                )
-                .order_by("-end")
-                .values_list("cumulative", flat=True)
-                .first()
-            )
-            if row is not None:
-                found[slot][window] = Counts.from_dict(row)
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), params)
+        for dep, grp, window, cumulative in cursor.fetchall():
+            value = cumulative if isinstance(cumulative, dict) else _json(cumulative)
+            found[(dep, grp)][window] = Counts.from_dict(value)
     return found
 
 
@@ -205,12 +182,9 @@ def sample_row(
 
 
 def insert_samples(rows: list[SliSample]) -> None:
-    """Store one tick's rows in one statement: COPY on PostgreSQL (a tenth of the time of a
-    1,500-row INSERT with 28,500 parameters), bulk_create elsewhere."""
+    """Store one tick's rows in one statement: COPY (a tenth of the time of a 1,500-row INSERT
+    with 28,500 parameters)."""
     if not rows:
-        return
-    if connection.vendor != "postgresql":
-        SliSample.objects.bulk_create(rows, batch_size=500)
         return
     fields = [f for f in SliSample._meta.concrete_fields if not f.primary_key]
     json_fields = {f.attname for f in fields if isinstance(f, models.JSONField)}

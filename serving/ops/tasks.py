@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import logging
-
 from django.conf import settings
 
 from portal.celery import task
 from serving.control.serve_api import ServeApiError
-
-logger = logging.getLogger(__name__)
 
 
 @task(name="serving.health_tick", queue="health", time_limit=30)
@@ -19,11 +15,6 @@ def health_tick() -> dict[str, object]:
     from serving.control.cluster import ray_target_from_env
     from serving.ops import health
 
-    if not settings.REDIS_URL:  # embedded mode: replicas publish their SLIs to Redis only
-        if not getattr(health_tick, "_warned", False):
-            logger.warning("health checks need Redis (REDIS_URL): SLIs are not evaluated")
-            health_tick._warned = True
-        return {"skipped": "no Redis"}
     try:
         serve_url: str | None = ray_target_from_env().serve_url
     except Exception:  # no cluster configured: SLIs and contracts still evaluate

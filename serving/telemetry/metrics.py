@@ -154,8 +154,6 @@ def engine_lines(
 
 
 def _published_replicas() -> list[dict[str, Any]]:
-    if not settings.REDIS_URL:
-        return []
     import redis
 
     client = redis.Redis.from_url(settings.REDIS_URL)

@@ -23,10 +23,3 @@ def test_unreachable_redis_gives_503_naming_it(client: Client) -> None:
     assert body["status"] == "unavailable"
     assert body["checks"]["database"] == "ok"
     assert "ConnectionError" in body["checks"]["redis"]
-
-
-def test_embedded_mode_checks_only_the_database(client: Client) -> None:
-    with override_settings(REDIS_URL=""):
-        response = client.get("/healthz")
-    assert response.status_code == 200
-    assert response.json()["checks"] == {"database": "ok"}

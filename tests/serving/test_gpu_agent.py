@@ -169,19 +169,22 @@ def test_without_a_gpu_the_agent_says_so_and_keeps_running(
     import pynvml
 
     FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND).install(monkeypatch)
-    agent = GpuAgent(AgentConfig(node="node-x", simulate=False), redis_client=None)
+    agent = GpuAgent(AgentConfig(node="node-x", simulate=False))
     assert not agent.open()
     assert "no GPU on this node" in (agent.error or "")
     assert "no GPU on this node" in caplog.text
 
     async def run() -> None:
+        agent.redis = aioredis.Redis.from_url(settings.REDIS_URL)
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(0.3, stop.set)
-        await agent.run(stop)
+        try:
+            await agent.run(stop)
+        finally:
+            await agent.redis.aclose()
 
-    with override_settings(REDIS_URL=""):
-        async_to_sync(run)()
-        [status] = [s for s in gpu_agent.agents_status() if s["node"] == "node-x"]
+    async_to_sync(run)()
+    [status] = [s for s in gpu_agent.agents_status() if s["node"] == "node-x"]
     assert status["error"] and status["provider"] is None and not status["simulated"]
 
 

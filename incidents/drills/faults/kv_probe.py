@@ -8,8 +8,6 @@ import logging
 import time
 from typing import Any
 
-from django.conf import settings
-
 from incidents.drills.faults.base import (
     PROBE_BODY,
     REPLAY_MARGIN_S,
@@ -69,8 +67,6 @@ class KvPollutionProbe(ActiveFault):
                 "aborted: kv_pollution_probe needs a dedicated deployment (a shared pool's "
                 "application takes no faults)"
             )
-        if not settings.REDIS_URL:
-            return "aborted: kv_pollution_probe reads the replicas' KV counters from Redis"
         return None
 
     def injected(self, run: DrillRun, now: float) -> None:

@@ -110,13 +110,11 @@ class Command(BaseCommand):
 
     def demo_deployment(self, tenant: Tenant, actor: Actor) -> None:
         # Imported here: the serving room (and torch, for the checkpoint) only when it is used.
-        from portal.management.commands.up import prepare_embedded
         from serving.deployments import services as deployments
         from serving.deployments.models import Deployment
         from serving.registry import services as serving
         from serving.registry.models import Model, ModelVersion, VersionStatus
 
-        prepare_embedded()  # the embedded broker's folders: registering enqueues tasks
         directory = self.demo_checkpoint(Path(settings.DATA_DIR) / "demo-models" / "tiny")
         try:
             model = Model.objects.filter(tenant=tenant, name=DEMO_MODEL).first()

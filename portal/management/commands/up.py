@@ -1,8 +1,13 @@
-"""`manage.py up`: one supervisor for the whole portal (Ray head, web, Celery worker and beat).
+"""`manage.py up`: one supervisor for the whole portal (the embedded PostgreSQL and Valkey
+when no DATABASE_URL / REDIS_URL is given, Ray head, web, Celery worker and beat, GPU agent).
 
 It starts every part as a child process, prefixes their output, stops all of them cleanly on
 Ctrl-C / SIGTERM (SIGTERM, then SIGKILL after a grace period), and stops everything if one
 part dies, exiting non-zero so a service manager notices.
+
+The embedded servers (portal/embedded.py) start first, on 127.0.0.1 with their data under
+PORTAL_DATA_DIR, and stop last. `--setup` then migrates and creates the demo tenant (what
+`make up` runs), so one command takes a bare machine to a running portal.
 
 The data plane: when the portal manages its own Ray head (no RAY_ADDRESS) and PORTAL_RAY is not
 `off`, the head (serving.control.cluster's `run`) starts first and the other parts only once its
@@ -20,11 +25,15 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from signal import SIGINT
 from typing import Any
 
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
+from portal import embedded
 from serving.control import cluster
 from serving.control.serve_api import ServeApiClient, ServeApiError
 
@@ -44,17 +53,6 @@ def ray_disabled(environ: dict[str, str] | None = None) -> bool:
     return env.get("PORTAL_RAY", "").strip().lower() in RAY_OFF_VALUES
 
 
-def prepare_embedded() -> None:
-    """Folders of the embedded broker and result store (filesystem transports need them)."""
-    settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
-    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {})
-    for key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
-        if key in options:
-            os.makedirs(options[key], exist_ok=True)
-    if settings.CELERY_RESULT_BACKEND.startswith("file://"):
-        os.makedirs(settings.CELERY_RESULT_BACKEND.removeprefix("file://"), exist_ok=True)
-
-
 @dataclass
 class Part:
     name: str
@@ -64,6 +62,8 @@ class Part:
     # Set by the output reader when the part prints `ready_marker` (the Ray head's started line).
     ready_marker: str | None = None
     ready: threading.Event = field(default_factory=threading.Event, repr=False)
+    user: str | None = None  # the embedded PostgreSQL runs as its system user under root
+    stop_signal: int = signal.SIGTERM
 
 
 class Command(BaseCommand):
@@ -82,6 +82,9 @@ class Command(BaseCommand):
         )
         parser.add_argument("--grace", type=float, default=15.0, help="seconds to wait on stop")
         parser.add_argument(
+            "--setup", action="store_true", help="migrate and create the demo tenant first"
+        )
+        parser.add_argument(
             "--no-ray", action="store_true", help="do not start the local Ray head (PORTAL_RAY=off)"
         )
         parser.add_argument(
@@ -94,16 +97,16 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **opts: Any) -> None:
         self._stopping = False
         self.target = self.ray_target(opts)
+        services = self.embedded_parts()
         parts = self.plan(opts)
-        prepare_embedded()
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
-        mode = "PostgreSQL + Redis" if settings.REDIS_URL else "embedded (SQLite, local broker)"
-        self.stdout.write(f"[up] starting {', '.join(p.name for p in parts)} in {mode} mode")
+        names = ", ".join(p.name for p in [*services, *parts])
+        self.stdout.write(f"[up] starting {names}")
         ray = next((p for p in parts if p.name == RAY_PART), None)
         others = [p for p in parts if p is not ray]
-        ready = True
-        if ray is not None:
+        ready = self.start_embedded(services, opts["setup"])
+        if ready and ray is not None:
             self.start(ray)
             ready = self.wait_ray(ray, opts["ray_timeout"])
         if ready and not self._stopping:
@@ -112,19 +115,72 @@ class Command(BaseCommand):
             for part in others:
                 self.start(part)
             url = f"http://{opts['host']}:{opts['port']}/"
-            ready = self.wait_ready(url + "healthz", parts)
+            ready = self.wait_ready(url + "healthz", [*services, *parts])
             if ready:
                 self.stdout.write(f"[up] portal ready on {url} (Ctrl-C stops everything)")
                 self.stdout.write(f"[up] {self.ray_summary()}")
-        exit_code = self.watch(parts) if ready else (0 if self._stopping else 1)
+        exit_code = self.watch([*services, *parts]) if ready else (0 if self._stopping else 1)
         self.stdout.write("[up] stopping")
         self.stop(others, opts["grace"])
         if ray is not None:
             self.stop_ray(ray, max(opts["grace"], RAY_STOP_GRACE_S))
+        self.stop(services, opts["grace"])
         self.stdout.write(f"[up] stopped (exit {exit_code})")
         sys.stdout.flush()
         if exit_code:
             raise SystemExit(exit_code)
+
+    def embedded_parts(self) -> list[Part]:
+        """The embedded PostgreSQL and Valkey, where no DATABASE_URL / REDIS_URL names a server."""
+        config = settings.EMBEDDED
+        parts = []
+        if settings.EMBEDDED_POSTGRES:
+            postgres = embedded.postgres_argv(config)
+            parts.append(Part("postgres", postgres, user=embedded.run_as(), stop_signal=SIGINT))
+        if settings.EMBEDDED_REDIS:
+            parts.append(Part("valkey", embedded.valkey_argv(config)))
+        return parts
+
+    def start_embedded(self, parts: list[Part], setup: bool) -> bool:
+        """Start the embedded servers, wait until they answer, create the portal's database;
+        with `setup`, migrate and create the demo tenant. False if something failed."""
+        config = settings.EMBEDDED
+        checks = {
+            "postgres": lambda: embedded.postgres_ready(config),
+            "valkey": lambda: embedded.valkey_ready(config),
+        }
+        ports = {"postgres": config.pg_port, "valkey": config.redis_port}
+        for part in parts:
+            if checks[part.name]():
+                self.stderr.write(
+                    f"[up] something already answers on 127.0.0.1:{ports[part.name]}, where the "
+                    f"embedded {part.name} would listen: stop it, or choose another port "
+                    "(PORTAL_EMBEDDED_PG_PORT / PORTAL_EMBEDDED_REDIS_PORT)"
+                )
+                return False
+            if part.name == "postgres":
+                embedded.postgres_init(config)
+            self.start(part)
+
+            def answers(part: Part = part) -> bool:
+                if part.process is not None and part.process.poll() is not None:
+                    raise RuntimeError(f"the embedded {part.name} exited")
+                return checks[part.name]() or self._stopping
+
+            try:
+                embedded.wait(answers, part.name)
+            except RuntimeError as exc:
+                self.stderr.write(f"[up] {exc}; see the [{part.name}] lines above")
+                return False
+            if self._stopping:
+                return False
+        if settings.EMBEDDED_POSTGRES and embedded.create_database(config):
+            self.stdout.write(f"[up] created the database {embedded.DATABASE}")
+        if setup:
+            call_command("migrate", interactive=False, verbosity=0)
+            call_command("demo_tenant")
+            connections.close_all()  # the parts open their own
+        return not self._stopping
 
     def ray_target(self, opts: dict[str, Any]) -> cluster.RayTarget | None:
         """Where the data plane is; None when it is off."""
@@ -176,12 +232,8 @@ class Command(BaseCommand):
                 )
             )
         web = [py, "-m", "portal.serve", "--host", opts["host"], "--port", str(opts["port"])]
-        agent = not opts["no_gpu_agent"]
-        if agent and not settings.REDIS_URL:
-            # Without Redis the channel layer lives in the web process: so does the agent.
-            web.append("--gpu-agent")
         parts.append(Part("web", web))
-        if agent and settings.REDIS_URL:
+        if not opts["no_gpu_agent"]:
             # GPU_AGENT_MODE=ray: the samplers run in Ray (declared with the deployments);
             # this part relays them. Otherwise this machine's own agent.
             relay = ["--relay"] if settings.GPU_AGENT_MODE == "ray" else []
@@ -225,6 +277,7 @@ class Command(BaseCommand):
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops parts in order
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            **embedded.identity(part.user),
         )
         part.reader = threading.Thread(target=self._pump, args=(part,), daemon=True)
         part.reader.start()
@@ -310,7 +363,7 @@ class Command(BaseCommand):
     def stop(self, parts: list[Part], grace: float) -> None:
         for part in reversed(parts):
             if part.process is not None and part.process.poll() is None:
-                part.process.send_signal(signal.SIGTERM)  # warm shutdown; it stops its children
+                part.process.send_signal(part.stop_signal)  # warm shutdown; it stops its children
         deadline = time.monotonic() + grace
         for part in reversed(parts):
             if part.process is None:

@@ -40,11 +40,6 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **opts: Any) -> None:
         if not 0.2 <= opts["hz"] <= 20:
             raise CommandError("--hz: give 0.2 to 20 samples a second.")
-        if not settings.REDIS_URL:
-            raise CommandError(
-                "the GPU agent needs Redis (REDIS_URL) to reach the portal; without it, "
-                "`manage.py up` runs the agent inside the web server."
-            )
         if opts["relay"]:
             asyncio.run(self.relay(opts["seconds"]))
             return

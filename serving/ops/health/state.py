@@ -33,8 +33,6 @@ def loads(raw: Any) -> Any:
 
 def deployment_health(deployment_id: int, redis_client: Any = None) -> dict[str, Any]:
     """What the last tick found for one deployment (pages, API)."""
-    if redis_client is None and not settings.REDIS_URL:
-        return {}  # embedded mode: no health checks (they need Redis)
     r = redis_client or health_redis()
     raw = r.hget(health_keys()["deployments"], str(deployment_id))
     return loads(raw) or {}

@@ -10,8 +10,8 @@ its SLI window) and so to deployments and tenants, and fans every sample out:
 - 1 s and 1 min rows in PostgreSQL for history (one insert batch a second).
 
 Process lists are read at most every 5 s (NVML takes milliseconds per call). Runs as its own
-process (`manage.py gpu_agent`, one per GPU node) or, in embedded mode without Redis, as a task
-of the web server's event loop, since the in-memory channel layer lives in that process.
+process (`manage.py gpu_agent`, one per GPU node), or as the relay of every Ray node's sampler
+(`manage.py gpu_agent --relay`, GPU_AGENT_MODE=ray).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from serving.telemetry.agent.attribution import (
     views,
 )
 from serving.telemetry.agent.downsample import Downsampler
-from serving.telemetry.agent.log import LOG_SECONDS, MemoryLog, RedisLog, sample_log, seq_key
+from serving.telemetry.agent.log import LOG_SECONDS, RedisLog, sample_log, seq_key
 from serving.telemetry.keys import EVENT, gpu_keys, node_group, tenant_group
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "AgentConfig",
     "Downsampler",
     "GpuAgent",
-    "MemoryLog",
     "Owner",
     "RedisLog",
     "agents_status",

@@ -86,7 +86,10 @@ class AgentConfig:
 
 
 class GpuAgent:
-    """One node's sampling loop. `run()` until `stop` is set; `step()` is one sample (tests)."""
+    """One node's sampling loop. `run()` until `stop` is set; `step()` is one sample (tests).
+    `redis_client` reads the replicas' published pids and receives the node's status and newest
+    snapshot; without one (tests, benchmarks) the agent publishes to the channel layer and the
+    sample log only."""
 
     def __init__(
         self,
@@ -156,9 +159,10 @@ class GpuAgent:
         return out
 
     async def _attach_simulated(self) -> None:
-        """Simulated GPUs host the replicas that published a pid; without Redis (nothing is
-        published) one stand-in process per serving deployment, so a demo shows attribution.
-        Both only ever on the simulated provider, whose every sample says so."""
+        """Simulated GPUs host the replicas that published a pid; where none did (no Serve
+        replica running, or an agent without a Redis client) one stand-in process per serving
+        deployment, so a demo shows attribution. Both only ever on the simulated provider,
+        whose every sample says so."""
         provider: Any = self.provider
         count = len(await asyncio.to_thread(provider.devices))
         wanted: dict[int, tuple[int, int]] = {}
@@ -241,9 +245,6 @@ class GpuAgent:
                 pipe.hset(keys["latest"], self.config.node, payloads[node_group(self.config.node)])
                 pipe.hset(keys["status"], self.config.node, json.dumps(self.status(snapshot)))
                 await pipe.execute()
-        else:
-            _LOCAL_STATUS[self.config.node] = self.status(snapshot)
-            _LOCAL_LATEST[self.config.node] = snapshot
 
     def status(self, snapshot: Mapping[str, Any] | None = None) -> dict[str, Any]:
         provider = self.provider
@@ -286,25 +287,16 @@ class GpuAgent:
         status = self.status()
         if self.redis is not None:
             await self.redis.hset(gpu_keys()["status"], self.config.node, json.dumps(status))
-        else:
-            _LOCAL_STATUS[self.config.node] = status
-
-
-_LOCAL_STATUS: dict[str, dict[str, Any]] = {}  # embedded mode: the agent runs in this process
-_LOCAL_LATEST: dict[str, dict[str, Any]] = {}
 
 
 def agents_status(redis_client: Any = None) -> list[dict[str, Any]]:
     """Every node agent's last status (provider, simulated, error), newest report first; an
     agent silent for 10 s is marked stale."""
-    if settings.REDIS_URL:
-        import redis
+    import redis
 
-        client = redis_client or redis.Redis.from_url(settings.REDIS_URL)
-        raw = client.hgetall(gpu_keys()["status"])
-        statuses = [json.loads(v) for v in raw.values()]
-    else:
-        statuses = list(_LOCAL_STATUS.values())
+    client = redis_client or redis.Redis.from_url(settings.REDIS_URL)
+    raw = client.hgetall(gpu_keys()["status"])
+    statuses = [json.loads(v) for v in raw.values()]
     now = time.time()
     for status in statuses:
         status["stale"] = now - float(status.get("at") or 0) > 10
@@ -313,9 +305,7 @@ def agents_status(redis_client: Any = None) -> list[dict[str, Any]]:
 
 def latest_snapshots(redis_client: Any = None) -> list[dict[str, Any]]:
     """The newest full snapshot of every node (operators' view; /metrics)."""
-    if settings.REDIS_URL:
-        import redis
+    import redis
 
-        client = redis_client or redis.Redis.from_url(settings.REDIS_URL)
-        return [json.loads(v) for v in client.hgetall(gpu_keys()["latest"]).values()]
-    return [views(s, [], {})[node_group(s["node"])] for s in _LOCAL_LATEST.values()]
+    client = redis_client or redis.Redis.from_url(settings.REDIS_URL)
+    return [json.loads(v) for v in client.hgetall(gpu_keys()["latest"]).values()]

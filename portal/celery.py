@@ -11,7 +11,10 @@ from kombu import Exchange, Queue  # type: ignore[attr-defined]
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
-QUEUES = ("default", "health", "chaos")
+# default: reconcile and its follow-ups, notifications, tenants' mail; health: the health tick
+# and status refresh (never behind anything else); chaos: drill steps; validation: model
+# validations (minutes each). `manage.py up` gives health and validation workers of their own.
+QUEUES = ("default", "health", "chaos", "validation")
 
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -341,10 +341,11 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
 
         # Everything printed its start line before the portal answered.
         deadline = time.monotonic() + 10
-        while len(portal.started_parts()) < 6 and time.monotonic() < deadline:
+        while len(portal.started_parts()) < 8 and time.monotonic() < deadline:
             time.sleep(0.2)
         parts = portal.started_parts()
-        assert list(parts) == ["postgres", "valkey", "web", "gpu-agent", "worker", "beat"], (
+        workers = ["worker", "worker-health", "worker-validation"]
+        assert list(parts) == ["postgres", "valkey", "web", "gpu-agent", *workers, "beat"], (
             portal.output
         )
         assert all(_alive(pid) for pid in parts.values()), parts
@@ -412,6 +413,8 @@ def test_make_up_with_the_local_ray_head_serves_the_demo_deployment(tmp_path: Pa
             "web",
             "gpu-agent",
             "worker",
+            "worker-health",
+            "worker-validation",
             "beat",
         ], output
         assert f"Serve proxy on http://127.0.0.1:{serve}/" in output, output

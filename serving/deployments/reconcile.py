@@ -49,7 +49,8 @@ __all__ = [
     "config_drift",
     "desired_state",
     "digest",
-    "follow",
+    "UNSETTLED",
+    "serve_client",
     "gpu_node_count",
     "gpu_nodes_changed",
     "gpu_nodes_spec",
@@ -220,17 +221,12 @@ def has_deployments() -> bool:
     return Deployment.objects.exclude(status=DeploymentStatus.DELETED).exists()
 
 
-def follow(*, timeout_s: float = 60.0, interval_s: float = 0.5) -> dict[int, str]:
-    """Refresh statuses until nothing is pending or deploying any more."""
-    deadline = time.monotonic() + timeout_s
-    client = ray_target_from_env().serve_client()
-    while True:
-        statuses = refresh_status(client=client)
-        unsettled = {
-            DeploymentStatus.PENDING,
-            DeploymentStatus.DEPLOYING,
-            DeploymentStatus.DELETING,
-        }
-        if not set(statuses.values()) & unsettled or time.monotonic() >= deadline:
-            return statuses
-        time.sleep(interval_s)
+# Statuses an application passes through on its way to running, failed or gone.
+UNSETTLED = frozenset(
+    {DeploymentStatus.PENDING, DeploymentStatus.DEPLOYING, DeploymentStatus.DELETING}
+)
+
+
+def serve_client() -> ServeApiClient:
+    """The Serve REST client of the configured cluster (the follow-up checks use it)."""
+    return ray_target_from_env().serve_client()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from django.conf import settings
 
@@ -10,6 +11,13 @@ from portal.celery import task
 from serving.control.serve_api import ServeApiError
 
 logger = logging.getLogger(__name__)
+
+
+# After a reconcile the applications are followed by short re-checks, each a task of its own
+# a second apart, never by a worker held until they settle (it held one for 60 s, and a model
+# validation queued behind it took 68 s instead of 2).
+FOLLOW_EVERY_S = 1.0
+FOLLOW_FOR_S = 60.0  # then the periodic status refresh (beat) carries on
 
 
 @task(
@@ -23,13 +31,36 @@ logger = logging.getLogger(__name__)
     max_retries=8,
 )
 def reconcile(force: bool = False) -> dict[str, object]:
-    """Apply the desired state of every deployment to Ray Serve, then follow it until the
-    applications settle (or 60 s pass; the periodic status refresh takes over then)."""
+    """Apply the desired state of every deployment to Ray Serve, then hand the following of
+    the applications to `follow_deployments` (short re-checks until they settle)."""
     from serving.deployments import reconcile as control
 
     run = control.reconcile(force=force)
-    statuses = control.follow(timeout_s=60)
-    return {"run": run.pk, "skipped": run.skipped, "statuses": statuses}
+    follow_later(until=time.time() + FOLLOW_FOR_S)
+    return {"run": run.pk, "skipped": run.skipped}
+
+
+def follow_later(*, until: float) -> None:
+    """One more status check in FOLLOW_EVERY_S, unless `until` has passed. Eager tasks (the
+    unit tests) cannot wait: there the beat's periodic refresh is the only follow-up."""
+    if time.time() < until and not getattr(settings, "CELERY_TASK_ALWAYS_EAGER", False):
+        follow_deployments.apply_async(kwargs={"until": until}, countdown=FOLLOW_EVERY_S)
+
+
+@task(name="serving.follow_deployments", queue="default", time_limit=30, idempotent=True)
+def follow_deployments(until: float) -> dict[int, str]:
+    """One status refresh after a reconcile; another in a second while an application is
+    still pending, deploying or deleting (and `until` has not passed)."""
+    from serving.deployments import reconcile as control
+
+    try:
+        statuses = control.refresh_status(client=control.serve_client())
+    except ServeApiError as exc:
+        logger.warning("following the deployments: %s", exc)
+        statuses = {}
+    if not statuses or set(statuses.values()) & control.UNSETTLED:
+        follow_later(until=until)
+    return statuses
 
 
 @task(name="serving.refresh_deployment_status", queue="health", time_limit=30)

@@ -10,9 +10,11 @@ from serving.registry.models import ModelVersion
 VALIDATION_TIME_LIMIT_S = 1800
 
 
+# Its own queue and worker (`up` runs one): a long validation never holds up a reconcile or a
+# health tick, and they never hold it up.
 @task(
     name="serving.validate_version",
-    queue="default",
+    queue="validation",
     time_limit=VALIDATION_TIME_LIMIT_S,
     idempotent=True,
 )

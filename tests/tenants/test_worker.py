@@ -13,6 +13,7 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
+from portal.celery import QUEUES
 from portal.celery import app as celery_app
 from tenants.models import Invitation
 from tenants.tasks import invitations_expire
@@ -36,7 +37,7 @@ def worker(tmp_path: Path) -> Iterator[Path]:
     }
     log = (tmp_path / "worker.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", "default,health,chaos",
+        [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", ",".join(QUEUES),
          "--concurrency", "1", "--pool", "solo", "--without-gossip", "--without-mingle", "-l", "INFO"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip

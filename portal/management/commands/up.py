@@ -38,6 +38,13 @@ from serving.control import cluster
 from serving.control.serve_api import ServeApiClient, ServeApiError
 
 RAY_PART = "ray"
+# (part, queues, processes): every queue of portal.celery.QUEUES has workers of its own, so a
+# model validation (minutes) never waits behind a reconcile, nor a health tick behind either.
+WORKERS = (
+    ("worker", "default,chaos", 2),
+    ("worker-health", "health", 1),
+    ("worker-validation", "validation", 1),
+)
 RAY_OFF_VALUES = ("off", "0", "false", "no")
 # `cluster run` gives up by itself after `ray start` (120 s) plus the dashboard (90 s); this is
 # the supervisor's own limit on top, for a head that hangs without saying so.
@@ -239,27 +246,10 @@ class Command(BaseCommand):
             relay = ["--relay"] if settings.GPU_AGENT_MODE == "ray" else []
             parts.append(Part("gpu-agent", [py, "manage.py", "gpu_agent", *relay]))
         if not opts["no_worker"]:
-            parts.append(
-                Part(
-                    "worker",
-                    [
-                        py,
-                        "-m",
-                        "celery",
-                        "-A",
-                        "portal",
-                        "worker",
-                        "-Q",
-                        "default,health,chaos",
-                        "--concurrency",
-                        "2",
-                        "--loglevel",
-                        "INFO",
-                        "--without-gossip",
-                        "--without-mingle",
-                    ],
-                )
-            )
+            for name, queues, concurrency in WORKERS:
+                argv = [py, "-m", "celery", "-A", "portal", "worker", "-Q", queues, "-n"]
+                argv += [f"{name}@%h", "--concurrency", str(concurrency), "--loglevel", "INFO"]
+                parts.append(Part(name, [*argv, "--without-gossip", "--without-mingle"]))
         if not opts["no_beat"]:
             schedule = str(settings.DATA_DIR / "celerybeat-schedule")
             parts.append(

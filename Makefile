@@ -35,8 +35,10 @@ install-dev: $(VENV)/.installed-dev frontend
 
 # Without DATABASE_URL / REDIS_URL, `up` starts the embedded PostgreSQL and Valkey first
 # (portal/embedded.py, data under var/), then migrates and creates the demo tenant (--setup).
+# The terminal shows warnings, errors and state changes; `make up VERBOSE=1` every line.
 up: install
-	GPU_AGENT_SIMULATE=$${GPU_AGENT_SIMULATE:-1} $(BIN)/python manage.py up --setup --port $(PORT)
+	GPU_AGENT_SIMULATE=$${GPU_AGENT_SIMULATE:-1} $(BIN)/python manage.py up --setup --port $(PORT) \
+		$(if $(filter 1,$(VERBOSE)),--verbose)
 
 lint: install-dev
 	$(BIN)/ruff check .

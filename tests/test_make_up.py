@@ -54,6 +54,7 @@ DROPPED_ENV = (
     "MFLAGS",
     "MAKELEVEL",
     "PORTAL_RAY",
+    "PORTAL_UP_VERBOSE",
     "RAY_ADDRESS",
     "RAY_DASHBOARD_URL",
     "RAY_AUTH_TOKEN",
@@ -157,6 +158,18 @@ class Portal:
     @property
     def output(self) -> str:
         return ANSI.sub("", self.log_path.read_text(errors="replace"))
+
+    def part_log(self, part: str) -> str:
+        """What a part printed (all of it: the terminal shows only what matters)."""
+        path = self.data_dir / "log" / f"{part}.log"
+        return ANSI.sub("", path.read_text(errors="replace")) if path.exists() else ""
+
+    def wait_for_log(self, part: str, pattern: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.part_log(part), re.MULTILINE):
+            if time.monotonic() > deadline:
+                pytest.fail(f"no {pattern!r} in {part}.log after {timeout:.0f}s:\n{self.output}")
+            time.sleep(0.3)
 
     def started_parts(self) -> dict[str, int]:
         return {name: int(pid) for name, pid in STARTED.findall(self.output)}
@@ -353,9 +366,18 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
         # The demo deployment exists and waits for a cluster; the worker retries its reconcile.
         _demo_deployment(portal.output)
         assert "Ray is off (PORTAL_RAY=off): the deployment stays pending." in portal.output
-        portal.wait_for_output(
-            r"Task serving\.reconcile\[[^]]+\] retry: .*ServeApiError", timeout=30
+        portal.wait_for_log(
+            "worker", r"Task serving\.reconcile\[[^]]+\] retry: .*ServeApiError", timeout=30
         )
+        # The terminal keeps to one ready block, warnings, errors and state changes: the
+        # parts' INFO lines (Celery's banners and task lines, uvicorn's access log) are in
+        # var/log/<part>.log only.
+        block = portal.output[portal.output.index("[up] portal ready on") :]
+        assert "e-mail:" in block and "inference key:" in block, block
+        assert not re.search(
+            r"^\[(web|worker[\w-]*|beat|gpu-agent)\] .*\bINFO\b", portal.output, re.M
+        )
+        assert "GET /healthz" in portal.part_log("web")
         assert portal.deployment_status("demo") == "pending"
 
         # A second `demo_tenant` (the next `make up` runs it again) reuses the demo: no new
@@ -397,6 +419,7 @@ def test_make_up_with_the_local_ray_head_serves_the_demo_deployment(tmp_path: Pa
         f"PORTAL_RAY_{name}_PORT": str(port) for name, port in zip(names, ray_ports, strict=True)
     }
     env["PORTAL_RAY_NUM_GPUS"] = "0"
+    env["PORTAL_UP_VERBOSE"] = "1"  # every part's lines on the terminal, as `make up VERBOSE=1`
     gcs, dashboard, serve = ray_ports[:3]
     started = time.monotonic()
     portal = Portal(tmp_path, port=web, env=env)

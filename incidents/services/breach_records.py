@@ -26,6 +26,7 @@ from incidents.models import (
 from incidents.notifications import delivery as notify
 from incidents.services.incidents import AUTOMATION, timeline_append
 from portal.exceptions import ValidationFailed
+from portal.statelog import state_changed
 from portal.validation import clean_or_fail
 from serving.deployments.models import Deployment
 from tenants.models import Tenant
@@ -238,6 +239,9 @@ def _breach_record_once(
     # IntegrityError, which breach_record() turns into a retry that joins the winner.
     clean_or_fail(incident, exclude=["tenant", "deployment"], validate_constraints=False)
     incident.save()
+    state_changed(
+        "incident %s opened (%s, %s): %s", incident.pk, tenant.slug, incident.severity, title
+    )
     breach = SlaBreach(
         tenant=tenant,
         deployment=deployment,

@@ -15,6 +15,7 @@ from django.utils import timezone
 from incidents.models import STAGES, EventKind, Incident, IncidentEvent, IncidentStatus
 from incidents.notifications import delivery as notify
 from portal.exceptions import ConflictError, ValidationFailed
+from portal.statelog import state_changed
 from portal.validation import clean_or_fail
 from tenants.actors import Actor
 from tenants.models import Tenant
@@ -104,6 +105,7 @@ def _move(
             after={"status": to},
         )
         notify.deliveries_create(tenant=tenant, incident=locked, event=event)
+        state_changed("incident %s (%s): %s", locked.pk, tenant.slug, message)
     incident.status = locked.status
     setattr(incident, field, at)
     return locked

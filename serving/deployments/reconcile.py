@@ -19,6 +19,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from portal.statelog import state_changed
 from serving.control import isolate
 from serving.control.cluster import RayTarget, ray_target_from_env
 from serving.control.serve_api import AppInfo, AppStatus, ServeApiClient
@@ -76,7 +77,9 @@ def reconcile(
     run = ReconcileRun.objects.create()
     try:
         with transaction.atomic():
-            lock, _ = ReconcileLock.objects.get_or_create(id=1)
+            # The one lock row, created by whichever reconcile comes first (ON CONFLICT DO
+            # NOTHING: two first reconciles at once log no unique-violation error).
+            ReconcileLock.objects.bulk_create([ReconcileLock(id=1)], ignore_conflicts=True)
             lock = ReconcileLock.objects.select_for_update().get(id=1)
             planned, revisions = plan(target, client)
             run.config_digest = plan_digest(planned)
@@ -209,6 +212,15 @@ def refresh_status(*, client: ServeApiClient | None = None) -> dict[int, str]:
         elif status in (DeploymentStatus.FAILED, DeploymentStatus.UNHEALTHY):
             revision.serve_status, revision.serve_message = status.upper(), message[:4000]
             revision.save(update_fields=["serve_status", "serve_message"])
+        if status != deployment.status:
+            state_changed(
+                "deployment %s/%s: %s -> %s%s",
+                deployment.tenant.slug,
+                deployment.name,
+                deployment.status,
+                status,
+                f" ({message[:200]})" if message else "",
+            )
         if status != deployment.status or message != deployment.status_message:
             deployment.status, deployment.status_message = status, message[:4000]
             deployment.status_at = timezone.now()

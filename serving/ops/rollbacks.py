@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from portal.exceptions import ConflictError
+from portal.statelog import state_changed
 from serving.deployments import services as deployments
 from serving.deployments.models import Deployment, DeploymentRevision
 from serving.ops import events
@@ -236,6 +237,14 @@ def rollback_execute(*, rollback_id: int) -> Rollback | None:
                     message=f"rolled back: {rollback.reason}"[:2000],
                 )
             events.rollback_progressed(rollback=rollback, stage="started")
+            state_changed(
+                "rollback %s of %s/%s started (%s): %s",
+                rollback.pk,
+                tenant.slug,
+                deployment.name,
+                rollback.trigger,
+                rollback.reason[:200],
+            )
     _apply()  # raises ServeApiError: the task retries, the row stays `switching`
     with transaction.atomic():
         rollback = Rollback.objects.select_for_update(of=("self",)).get(pk=rollback_id)
@@ -247,6 +256,7 @@ def rollback_execute(*, rollback_id: int) -> Rollback | None:
         rollback.status = RollbackStatus.DONE
         rollback.save(update_fields=["traffic_switched_at", "finished_at", "status"])
         events.rollback_progressed(rollback=rollback, stage="finished")
+        state_changed("rollback %s done: traffic is back on the earlier revision", rollback.pk)
     return rollback
 
 

@@ -17,6 +17,7 @@ RAY_ADDRESS (an existing cluster) or PORTAL_RAY=off there is no `ray` part.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -24,7 +25,6 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
 from signal import SIGINT
 from typing import Any
 
@@ -34,6 +34,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from portal import embedded
+from portal.console import Part, PartLog
 from serving.control import cluster
 from serving.control.serve_api import ServeApiClient, ServeApiError
 
@@ -60,19 +61,6 @@ def ray_disabled(environ: dict[str, str] | None = None) -> bool:
     return env.get("PORTAL_RAY", "").strip().lower() in RAY_OFF_VALUES
 
 
-@dataclass
-class Part:
-    name: str
-    argv: list[str]
-    process: subprocess.Popen[bytes] | None = None
-    reader: threading.Thread | None = field(default=None, repr=False)
-    # Set by the output reader when the part prints `ready_marker` (the Ray head's started line).
-    ready_marker: str | None = None
-    ready: threading.Event = field(default_factory=threading.Event, repr=False)
-    user: str | None = None  # the embedded PostgreSQL runs as its system user under root
-    stop_signal: int = signal.SIGTERM
-
-
 class Command(BaseCommand):
     help = (
         "Run the portal: local Ray head (unless RAY_ADDRESS or PORTAL_RAY=off), ASGI web server, "
@@ -92,6 +80,12 @@ class Command(BaseCommand):
             "--setup", action="store_true", help="migrate and create the demo tenant first"
         )
         parser.add_argument(
+            "--verbose",
+            action="store_true",
+            default=os.environ.get("PORTAL_UP_VERBOSE", "") not in ("", "0"),
+            help="every part's every line on the terminal (always in var/log/<part>.log)",
+        )
+        parser.add_argument(
             "--no-ray", action="store_true", help="do not start the local Ray head (PORTAL_RAY=off)"
         )
         parser.add_argument(
@@ -103,6 +97,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         self._stopping = False
+        self.verbose = opts["verbose"]
+        self.demo = ""  # what --setup's demo_tenant printed, for the ready block
         self.target = self.ray_target(opts)
         services = self.embedded_parts()
         parts = self.plan(opts)
@@ -124,8 +120,7 @@ class Command(BaseCommand):
             url = f"http://{opts['host']}:{opts['port']}/"
             ready = self.wait_ready(url + "healthz", [*services, *parts])
             if ready:
-                self.stdout.write(f"[up] portal ready on {url} (Ctrl-C stops everything)")
-                self.stdout.write(f"[up] {self.ray_summary()}")
+                self.ready_block(url)
         exit_code = self.watch([*services, *parts]) if ready else (0 if self._stopping else 1)
         self.stdout.write("[up] stopping")
         self.stop(others, opts["grace"])
@@ -136,6 +131,15 @@ class Command(BaseCommand):
         sys.stdout.flush()
         if exit_code:
             raise SystemExit(exit_code)
+
+    def ready_block(self, url: str) -> None:
+        """One block: where everything is, the demo login and key; then only what matters."""
+        rule = "[up] " + "-" * 72
+        shown = "every line" if self.verbose else "warnings, errors and state changes"
+        lines = [rule, f"[up] portal ready on {url} (Ctrl-C stops everything)"]
+        lines += [f"[up] {self.ray_summary()}"]
+        lines += [f"[up] logs: {settings.DATA_DIR / 'log'}/<part>.log; here: {shown}"]
+        self.stdout.write("\n".join([*lines, *([self.demo.rstrip()] if self.demo else []), rule]))
 
     def embedded_parts(self) -> list[Part]:
         """The embedded PostgreSQL and Valkey, where no DATABASE_URL / REDIS_URL names a server."""
@@ -185,7 +189,9 @@ class Command(BaseCommand):
             self.stdout.write(f"[up] created the database {embedded.DATABASE}")
         if setup:
             call_command("migrate", interactive=False, verbosity=0)
-            call_command("demo_tenant")
+            demo = io.StringIO()
+            call_command("demo_tenant", stdout=demo)
+            self.demo = demo.getvalue()
             connections.close_all()  # the parts open their own
         return not self._stopping
 
@@ -251,13 +257,8 @@ class Command(BaseCommand):
                 argv += [f"{name}@%h", "--concurrency", str(concurrency), "--loglevel", "INFO"]
                 parts.append(Part(name, [*argv, "--without-gossip", "--without-mingle"]))
         if not opts["no_beat"]:
-            schedule = str(settings.DATA_DIR / "celerybeat-schedule")
-            parts.append(
-                Part(
-                    "beat",
-                    [py, "-m", "celery", "-A", "portal", "beat", "-l", "INFO", "-s", schedule],
-                )
-            )
+            beat = [py, "-m", "celery", "-A", "portal", "beat", "-l", "INFO", "-s"]
+            parts.append(Part("beat", [*beat, str(settings.DATA_DIR / "celerybeat-schedule")]))
         return parts
 
     def start(self, part: Part) -> None:
@@ -269,6 +270,7 @@ class Command(BaseCommand):
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             **embedded.identity(part.user),
         )
+        part.log = PartLog(settings.DATA_DIR / "log" / f"{part.name}.log", verbose=self.verbose)
         part.reader = threading.Thread(target=self._pump, args=(part,), daemon=True)
         part.reader.start()
         self.stdout.write(f"[up] {part.name} started (pid {part.process.pid})")
@@ -278,8 +280,9 @@ class Command(BaseCommand):
             return
         for raw in part.process.stdout:
             line = raw.decode(errors="replace").rstrip()
-            self.stdout.write(f"[{part.name}] {line}")
-            self.stdout.flush()
+            if part.log is None or part.log.line(line):
+                self.stdout.write(f"[{part.name}] {line}")
+                self.stdout.flush()
             if part.ready_marker is not None and part.ready_marker in line:
                 part.ready.set()
 
@@ -366,6 +369,8 @@ class Command(BaseCommand):
                 part.process.wait()
             if part.reader is not None:
                 part.reader.join(timeout=2)
+            if part.log is not None:
+                part.log.close()
 
     def stop_ray(self, part: Part, grace: float) -> None:
         """Stop the head last; if `cluster run` could not, stop what is left of it by PID."""

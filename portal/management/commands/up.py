@@ -217,6 +217,8 @@ class Command(BaseCommand):
         except Exception as exc:  # a broker hiccup must not stop the portal
             self.stderr.write(f"[up] could not enqueue a reconcile of the deployments: {exc}")
             return
+        finally:
+            connections.close_all()  # the supervisor holds no connection while the parts run
         self.stdout.write("[up] reconcile enqueued: the worker applies the deployments to Ray")
 
     def ray_summary(self) -> str:

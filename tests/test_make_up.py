@@ -472,6 +472,17 @@ def test_make_up_with_the_local_ray_head_serves_the_demo_deployment(tmp_path: Pa
             time.sleep(0.5)
         assert portal.deployment_status("demo") == "running"
 
+        # The embedded default runs the whole ops loop: health ticks store the demo's SLIs
+        # (the replicas publish them to the embedded Valkey), so its health page has charts.
+        sli_rows = (
+            "SELECT COUNT(*) FROM serving_slisample s "
+            "JOIN serving_deployment d ON d.id = s.deployment_id WHERE d.name = 'demo'"
+        )
+        deadline = time.monotonic() + 45
+        while portal.query(sli_rows)[0][0] == 0 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert portal.query(sli_rows)[0][0] > 0, portal.part_log("worker-health")[-3000:]
+
         # Every listener of the head (replicas' gRPC servers included) and of the portal's
         # own processes is on loopback.
         state = HeadState.read(head.state_path)

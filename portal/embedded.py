@@ -200,8 +200,6 @@ def postgres_options(config: Embedded) -> list[str]:
         "max_connections=200",
         "-c",
         "shared_buffers=128MB",
-        "-c",
-        "fsync=off" if os.environ.get("PORTAL_EMBEDDED_FSYNC", "on") == "off" else "fsync=on",
     ]
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import transaction
 
 from portal.console import PartLog
 from portal.statelog import STATE_LOGGER, state_changed
+from tests.support.worlds import TenantWorld
 
 LINES = [
     ("2026-12-06 00:16:28,208 INFO celery.app.trace Task serving.health_tick succeeded", False),
@@ -57,3 +59,28 @@ def test_a_state_change_is_told_once_it_commits_and_never_if_it_rolls_back(
         state_changed("incident %s opened", 7)
         raise RuntimeError("rolled back")
     assert not caplog.records
+
+
+@pytest.mark.django_db
+def test_a_tenants_text_cannot_forge_a_console_line_or_send_escape_sequences(
+    world_a: TenantWorld, caplog: pytest.LogCaptureFixture, django_capture_on_commit_callbacks: Any
+) -> None:
+    """Hostile tenant: an incident title built from its own text (here the objective name a
+    contract gives, as a breach records it) reaches the operator's terminal as one line."""
+    from django.utils import timezone
+
+    from incidents import services as incident_services
+    from serving.deployments.models import Deployment
+
+    caplog.set_level(logging.INFO, logger=STATE_LOGGER)
+    deployment = Deployment.objects.create(tenant=world_a.tenant, name="victim")
+    forged = "x\n[up] portal ready on http://evil.example/\x1b[2J\u2028done"
+    with django_capture_on_commit_callbacks(execute=True):
+        incident_services.breach_record(
+            tenant=world_a.tenant, deployment=deployment, group="stable", objective=forged,
+            kind="fast", severity="page", action="notify", detail="", observed={},
+            detected_at=timezone.now(),
+        )  # fmt: skip
+    [line] = [r.getMessage() for r in caplog.records if "opened" in r.getMessage()]
+    assert "\n" not in line and "\x1b" not in line and "\u2028" not in line
+    assert "x\\n[up] portal ready" in line and "\\x1b[2J" in line

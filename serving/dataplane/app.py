@@ -13,7 +13,8 @@ user_config: Serve calls `reconfigure()` on live replicas.
 
 from typing import Any
 
-from serving.dataplane.router import LOCAL_SERVER, PoolSlot, Router, import_object
+from serving.dataplane.handles import PoolSlot
+from serving.dataplane.router import LOCAL_SERVER, Router, import_object
 from serving.dataplane.version import VersionCore, VersionServer
 
 __all__ = [

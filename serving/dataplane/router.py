@@ -10,7 +10,6 @@ import json
 import os
 import secrets
 import time
-import weakref
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
@@ -22,6 +21,7 @@ from serving.dataplane import openai
 from serving.dataplane.breaker import BreakerConfig, CircuitBreaker
 from serving.dataplane.faults import InjectedFault
 from serving.dataplane.guard import GuardConfig, Refused, check_lengths, parse_body
+from serving.dataplane.handles import PoolSlot, Retired, Retirements
 from serving.dataplane.keys import bearer, hash_key, key_matches
 from serving.dataplane.lifecycle import (
     COMPLETED,
@@ -66,6 +66,7 @@ class Router:
         self.groups: dict[str, dict[str, Any]] = {}
         self.handles: dict[str, Any] = {}
         self.breakers: dict[str, CircuitBreaker] = {}
+        self.retirements = Retirements()
         self.recent = RecentRequests()
         self.replica = replica_id()
         self.publisher = Publisher(self.stats, _publish_router)
@@ -97,6 +98,7 @@ class Router:
                 self.handles[name] = (group["app"], handle)
         self.breakers = breakers
         self.handles = {n: h for n, h in self.handles.items() if n in self.groups}
+        self.retirements.keep(app for app, handle in self.handles.values() if handle is not None)
         slots = int(config.get("pool_slots") or 0)
         if slots != self._pool_slots:  # requests in flight give their slot back to the old gate
             self._pool_slots = slots
@@ -185,21 +187,23 @@ class Router:
             model = str(self.config.get("deployment", "model"))
             slot = await PoolSlot.take(self._pool_gate if handle is not None else None)
             try:
-                if sampling["stream"]:
-                    if handle is None:
-                        stream = self._local().generate(payload)
-                    else:
-                        stream = handle.options(stream=True).generate.remote(payload)
-                    first = await stream.__anext__()  # surfaces refusals before the 200
-                    events = self._sse(kind, request_id, model, breaker, first, stream, life, slot)
+                try:
+                    answer, stream = await self._execute(group, payload, sampling["stream"])
+                except Retired:
+                    # Promoted or rolled back while this request waited for the canary: the
+                    # stable slot answers it (the canary's replicas are gone).
+                    if group != "canary" or "stable" not in self.groups:
+                        raise Refused(503, "no_version", "the version was retired") from None
+                    group = life.group = headers["x-ab-group"] = "stable"
+                    headers["x-model-version"] = str(self.groups[group].get("version", ""))
+                    breaker = self._breaker(group)
+                    answer, stream = await self._execute(group, payload, sampling["stream"])
+                if stream is not None:
+                    events = self._sse(kind, request_id, model, breaker, answer, stream, life, slot)
                     slot.hand_to(events)
                     return StreamingResponse(
                         events, media_type="text/event-stream", headers=headers
                     )
-                if handle is None:
-                    answer = await self._local().complete(payload)
-                else:
-                    answer = await handle.complete.remote(payload)
             finally:
                 slot.release_unless_handed()
             text, reason, usage = answer["text"], answer["finish_reason"], answer["usage"]
@@ -224,6 +228,26 @@ class Router:
             reason = _short(exc) if injected is None else injected.message
             upstream = Refused(status, "upstream_error", f"model version failed: {reason}")
             return self._fail(life, upstream, headers)
+
+    async def _execute(
+        self, group: str, payload: dict[str, Any], stream: bool
+    ) -> tuple[dict[str, Any], Any]:
+        """(the answer, None), or for a stream (its first event, the rest): the first event
+        surfaces a refusal before the 200. A call by handle raises Retired when its
+        application is retired before it answers."""
+        if group not in self.handles:  # a reconfigure dropped it since the request was routed
+            raise Retired(group)
+        app, handle = self.handles[group]
+        if handle is None:
+            if stream:
+                events = self._local().generate(payload)
+                return await events.__anext__(), events
+            return await self._local().complete(payload), None
+        if stream:
+            events = handle.options(stream=True).generate.remote(payload)
+            return await self.retirements.first(app, events, events.__anext__()), events
+        response = handle.complete.remote(payload)
+        return await self.retirements.first(app, response, response), None
 
     def _local(self) -> VersionCore:
         if self.local is None:
@@ -305,38 +329,6 @@ class Router:
         """The in-process stable slot's stats (what `VersionServer.stats` says for a slot
         served on its own)."""
         return self.local.stats() if self.local is not None else {}
-
-
-class PoolSlot:
-    """One of a shared deployment's pool slots (a permit of the router's gate), given back
-    exactly once: when the answer is done, when a stream ends, or, for a stream the client
-    dropped before it started (whose generator never runs its clean-up), when the stream
-    object is collected."""
-
-    def __init__(self, gate: asyncio.Semaphore | None) -> None:
-        self._gate = gate
-        self._handed = False
-
-    @classmethod
-    async def take(cls, gate: asyncio.Semaphore | None) -> PoolSlot:
-        if gate is not None:
-            await gate.acquire()
-        return cls(gate)
-
-    def release(self) -> None:
-        gate, self._gate = self._gate, None
-        if gate is not None:
-            gate.release()
-
-    def hand_to(self, owner: object) -> None:
-        """`owner` (the response's body stream) gives the slot back from now on."""
-        if self._gate is not None:
-            self._handed = True
-            weakref.finalize(owner, self.release)
-
-    def release_unless_handed(self) -> None:
-        if not self._handed:
-            self.release()
 
 
 async def _publish_router(redis: Any, prefix: str, snapshot: dict[str, Any]) -> None:

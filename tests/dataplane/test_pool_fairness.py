@@ -276,6 +276,7 @@ def _attach(router: Any, handle: Any) -> None:
     router.groups = {"stable": {"app": "platform.p.pool", "version": "p1"}}
     router.handles = {"stable": ("platform.p.pool", handle)}
     router.breakers = {"platform.p.pool@p1": CircuitBreaker(BreakerConfig())}
+    router.retirements.keep(["platform.p.pool"])
 
 
 def test_a_tenants_router_keeps_to_its_share_of_the_pools_request_slots() -> None:

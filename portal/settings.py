@@ -349,6 +349,8 @@ HEALTH_GOOD_AFTER_S = env_float("HEALTH_GOOD_AFTER_S", 60.0)
 ROLLBACK_RESUME_AFTER_S = env_float("ROLLBACK_RESUME_AFTER_S", 10.0)
 # Every deployment change enqueues one reconcile on commit (off in unit tests without Ray).
 RECONCILE_ON_COMMIT = env_bool("RECONCILE_ON_COMMIT", True)
+# Admission asks Ray whether a deployment's replicas fit (serving.deployments.capacity).
+CLUSTER_CAPACITY = env_bool("PORTAL_CLUSTER_CAPACITY", True)
 # Fast buckets (>= 2 / FRACTION req/s) lease a share of their rate per Redis round trip.
 RATE_LIMIT_LEASE_FRACTION = env_float("RATE_LIMIT_LEASE_FRACTION", 0.01)
 RATE_LIMIT_LEASE_MAX = env_int("RATE_LIMIT_LEASE_MAX", 64)

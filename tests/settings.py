@@ -16,6 +16,7 @@ CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_EAGER_PROPAGATES = True
 # Unit tests have no Ray; the Ray tests call serving.control.reconcile with the test cluster.
 RECONCILE_ON_COMMIT = os.environ.get("PORTAL_TEST_RECONCILE") == "1"  # a worker test's choice
+CLUSTER_CAPACITY = False  # no cluster to ask; the Ray tests turn it on with theirs
 SLI_KEY_PREFIX = "portal-test"
 WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8", "::1/128"]  # the webhook receivers of the tests
 

@@ -263,6 +263,7 @@ QUERY_BUDGETS: dict[str, int] = {
     "audit-event-list": 4,
     "breach-list": 4,
     "cause-rule-list": 4,
+    "deployment-capacity": 3,  # no rows: Ray's accounting (cached), not a table
     "deployment-list": 4,
     "drill-faults": 3,  # the catalogue is code: no page, no count
     "drill-list": 4,

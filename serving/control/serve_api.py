@@ -316,6 +316,18 @@ class ServeApiClient:
             raise ServeApiError(f"unexpected answer from the state API: {text[:200]}") from exc
         return [n for n in listed if isinstance(n, dict)]
 
+    def cluster_status(self) -> dict[str, Any]:
+        """GET Ray's resource accounting (per node, each resource [used, total]; the demands
+        it cannot place): read by serving.control.capacity.parse_cluster_status."""
+        _, text = self.request("GET", "/api/cluster_status?format=0")
+        try:
+            data = json.loads(text)["data"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ServeApiError(f"unexpected answer from cluster_status: {text[:200]}") from exc
+        if not isinstance(data, dict):
+            raise ServeApiError(f"unexpected answer from cluster_status: {text[:200]}")
+        return data
+
     def applications(self) -> dict[str, AppInfo]:
         return parse_applications(self.details())
 

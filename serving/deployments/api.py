@@ -12,6 +12,7 @@ from rest_framework.response import Response
 
 from portal.api.validation import validated
 from serving.deployments import selectors, services
+from serving.deployments.capacity import capacity_view
 from serving.deployments.models import Deployment, DeploymentRevision, InferenceKey, KvMode
 from serving.deployments.spec_checks import SETTING_LIMITS
 from tenants.api.base import TenantScopedViewSet
@@ -186,6 +187,21 @@ class KeyCreatedSerializer(KeySerializer):
         read_only_fields = fields
 
 
+class _AmountSerializer(serializers.Serializer):
+    total = serializers.FloatField()
+    used = serializers.FloatField()
+    free = serializers.FloatField()
+
+
+class CapacitySerializer(serializers.Serializer):
+    known = serializers.BooleanField()
+    nodes = serializers.IntegerField(required=False)
+    cpu = _AmountSerializer(required=False)
+    gpu = _AmountSerializer(required=False)
+    memory_bytes = _AmountSerializer(required=False)
+    autoscales = serializers.BooleanField(required=False)
+
+
 class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     """Deployments of your tenant. Every change makes a new numbered revision, applied to
     Ray Serve by the reconcile loop; `status` is what Serve reports."""
@@ -201,6 +217,7 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
         "promote": Scope.DEPLOY,
         "keys": Scope.ADMIN,
         "revisions": Scope.READ,
+        "capacity": Scope.READ,
     }
 
     def scoped_queryset(self, tenant: Tenant) -> Any:
@@ -285,6 +302,15 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
             tenant=self.ctx.tenant, actor=self.ctx.actor, deployment=deployment
         )
         return self._out(deployment)
+
+    @extend_schema(responses=CapacitySerializer)
+    @action(detail=False, methods=["get"])
+    def capacity(self, request: Request) -> Response:
+        """The cluster's CPU, GPU and memory in use and free (Ray's accounting, at most a few
+        seconds old); `known` is false when Ray cannot say. Creates and changes whose replicas
+        do not fit are refused with 409 `insufficient_capacity` naming the setting, unless
+        the cluster autoscales."""
+        return Response(capacity_view())
 
     @extend_schema(responses=RevisionSerializer(many=True))
     @action(detail=True, methods=["get"])

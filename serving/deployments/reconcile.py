@@ -21,8 +21,10 @@ from django.utils import timezone
 
 from portal.statelog import state_changed
 from serving.control import isolate
+from serving.control.capacity import ClusterCapacity
 from serving.control.cluster import RayTarget, ray_target_from_env
 from serving.control.serve_api import AppInfo, AppStatus, ServeApiClient
+from serving.deployments import capacity
 from serving.deployments.models import (
     Deployment,
     DeploymentRevision,
@@ -166,6 +168,16 @@ def _message(info: AppInfo) -> str:
     return "\n".join(parts)
 
 
+def _starting(found: list[AppInfo]) -> int:
+    """Replicas Serve wants that are not running yet (placed or not)."""
+    waiting = 0
+    for info in found:
+        for deployment in info.deployments.values():
+            running = sum(1 for r in deployment.replicas if r.state == "RUNNING")
+            waiting += max(0, (deployment.target_num_replicas or 0) - running)
+    return waiting
+
+
 def refresh_status(*, client: ServeApiClient | None = None) -> dict[int, str]:
     """Copy what Serve reports into each deployment; mark revisions converged."""
     client = client or ray_target_from_env().serve_client()
@@ -173,6 +185,7 @@ def refresh_status(*, client: ServeApiClient | None = None) -> dict[int, str]:
     lock = ReconcileLock.objects.filter(id=1).first()
     applied_at = lock.last_applied_at if lock else None
     result: dict[int, str] = {}
+    cluster: list[ClusterCapacity | None] | None = None  # read once, when a deployment waits
     deployments = Deployment.objects.select_related("tenant", "current_revision__pool").filter(
         current_revision__isnull=False
     )
@@ -205,6 +218,12 @@ def refresh_status(*, client: ServeApiClient | None = None) -> dict[int, str]:
                 )
                 if status == DeploymentStatus.RUNNING and not fresh:
                     status = DeploymentStatus.DEPLOYING
+                starting = _starting(found) if status == DeploymentStatus.DEPLOYING else 0
+                if starting:  # Ray's reason, when it holds replicas it cannot place
+                    if cluster is None:
+                        cluster = [capacity.cluster_capacity(client=client)]
+                    reason = capacity.waiting_reason(cluster[0], revision.spec(), starting)
+                    message = "\n".join(part for part in (message, reason) if part)
         if status == DeploymentStatus.RUNNING and revision.converged_at is None:
             revision.converged_at = timezone.now()
             revision.serve_status, revision.serve_message = "RUNNING", ""

@@ -16,6 +16,7 @@ from serving.control.cluster import ClusterConfigError, ray_target_from_env
 from serving.deployments import forms
 from serving.deployments import selectors as deployment_selectors
 from serving.deployments import services as deployments
+from serving.deployments.capacity import capacity_view
 from serving.deployments.models import (
     SPEC_FIELDS,
     Deployment,
@@ -91,6 +92,7 @@ def deployments_page(request: HttpRequest, tenant: Tenant) -> HttpResponse:
         "created": created,
         "has_versions": versions.exists(),
         "can_deploy": can_deploy(request),
+        "cluster": capacity_view(),
     }
     return render(request, "serving/deployments.html", context)
 

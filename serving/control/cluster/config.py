@@ -140,6 +140,9 @@ class RayTarget:
     local_head: LocalHeadConfig | None = None
     # Serve's http_options for the PUT config: read by Serve only when it starts on the cluster.
     serve_http_options: Mapping[str, Any] = field(default_factory=dict)
+    # RAY_CLUSTER_AUTOSCALES=1: the cluster adds nodes for demands it cannot place, so the
+    # portal admits what does not fit now (and says it waits for the autoscaler).
+    autoscales: bool = False
 
     @property
     def managed(self) -> bool:
@@ -165,8 +168,9 @@ def ray_target_from_env(environ: Mapping[str, str] | None = None) -> RayTarget:
     """The one place the Ray environment is read; embedded defaults give the local head.
 
     Existing cluster: RAY_ADDRESS, RAY_DASHBOARD_URL, RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH),
-    optional RAY_SERVE_URL (default: the dashboard's host, port 8000) and PORTAL_RAY_SERVE_HOST
-    (the proxies' bind address if the portal is the first to start Serve there).
+    optional RAY_SERVE_URL (default: the dashboard's host, port 8000), PORTAL_RAY_SERVE_HOST
+    (the proxies' bind address if the portal is the first to start Serve there) and
+    RAY_CLUSTER_AUTOSCALES (1: the cluster adds nodes on demand).
     Local head: PORTAL_DATA_DIR, PORTAL_RAY_{GCS,DASHBOARD,SERVE,CLIENT,AGENT}_PORT,
     PORTAL_RAY_{AUTOSCALER,DASHBOARD}_METRICS_PORT,
     PORTAL_RAY_NUM_CPUS, PORTAL_RAY_NUM_GPUS, PORTAL_RAY_OBJECT_STORE_MB, PORTAL_RAY_TEMP_DIR.
@@ -227,12 +231,16 @@ def _existing_target(address: str, env: Mapping[str, str]) -> RayTarget:
     serve_host = env.get("PORTAL_RAY_SERVE_HOST", "").strip()
     if serve_host:
         http_options["host"] = serve_host
+    autoscales = env.get("RAY_CLUSTER_AUTOSCALES", "").strip().lower()
+    if autoscales not in ("", "0", "1", "true", "false", "yes", "no"):
+        raise ClusterConfigError(f"RAY_CLUSTER_AUTOSCALES must be 0 or 1, got {autoscales!r}")
     return RayTarget(
         address=address,
         dashboard_url=dashboard_url,
         serve_url=serve_url,
         token=token,
         serve_http_options=http_options,
+        autoscales=autoscales in ("1", "true", "yes"),
     )
 
 

@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from portal.exceptions import ConflictError, ValidationFailed
-from serving.deployments import gates
+from serving.deployments import capacity, gates
 from serving.deployments.models import (
     DEPLOYMENT_NAME_RE,
     Deployment,
@@ -75,6 +75,7 @@ def deployment_create(
             "key_hashes": [key_hash],
         },
     )
+    capacity.check_fits(spec=spec)
     with transaction.atomic():
         check_quota(tenant=tenant, spec=spec, replacing=None)
         if live_deployments(tenant=tenant).filter(name=name).exists():

@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.exceptions import ConflictError
+from serving.deployments import capacity
 from serving.deployments.models import (
     SPEC_FIELDS,
     Deployment,
@@ -125,6 +126,7 @@ def deployment_change(
         if spec == current.spec():
             return current  # nothing changes: no revision, no reconcile
         check_quota(tenant=tenant, spec=spec, replacing=locked)
+        capacity.check_fits(spec=spec, current=current.spec(), deployment=locked)
         revision = write_revision(
             tenant=tenant, actor=actor, deployment=locked, spec=spec, reason=reason
         )

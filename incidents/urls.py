@@ -6,6 +6,7 @@ from incidents.drills import views as drill_views
 urlpatterns = [
     path("t/<slug:slug>/drills/", drill_views.drills_page, name="drills"),
     path("t/<slug:slug>/drills/new/", drill_views.drill_new, name="drill-new"),
+    path("t/<slug:slug>/drills/quick/", drill_views.drill_quick, name="drill-quick"),
     path("t/<slug:slug>/drills/<int:pk>/", drill_views.drill_page, name="drill-detail"),
     path("t/<slug:slug>/drills/<int:pk>/run/", drill_views.drill_run_start, name="drill-start"),
     path("t/<slug:slug>/drill-runs/<int:pk>/", drill_views.drill_run_page, name="drill-run"),

@@ -228,6 +228,7 @@ class Portal:
             "version": "serving_modelversion",
             "deployment": "serving_deployment",
             "key": "serving_inferencekey",
+            "drill": "incidents_chaosdrill",
         }
         return {
             name: int(self.query(f"SELECT COUNT(*) FROM {table}")[0][0])  # noqa: S608
@@ -314,6 +315,55 @@ def _log_in(base: str, email: str, password: str) -> tuple[str, str, urllib.requ
         return response.geturl(), response.read().decode(), opener
 
 
+DRILL_TIMEOUT_S = 180.0  # the click to the rollback: detection (10 s rule) and the switch
+
+
+def _drill_story(base: str, slug: str, email: str, password: str, portal: Portal) -> None:
+    """What a new user sees after logging in: v1 stable and v2 as the canary at 20% with
+    the traffic part reaching both; one click on the overview's "Run a drill" (an error burst
+    on the canary); on the run page, detection with its incident, the rollback (MTTR), live.
+    Checked in headless Chromium (screenshot in test-artifacts/) and through the API."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page()
+            page.goto(f"{base}/accounts/login/")
+            page.fill("input[name=username]", email)
+            page.fill("input[name=password]", password)
+            page.click("button[type=submit]")
+            page.wait_for_url(f"**/t/{slug}/**")
+            api = page.request  # the browser's session
+            demo = api.get(f"{base}/api/v1/deployments/").json()["results"][0]
+            assert demo["revision"]["canary_version"] == "demo-llama:v2", demo
+            assert demo["revision"]["canary_percent"] == 20, demo
+            groups = portal.query(
+                'SELECT DISTINCT s."group" FROM serving_slisample s '
+                "JOIN serving_deployment d ON d.id = s.deployment_id WHERE d.name = 'demo'"
+            )
+            page.goto(f"{base}/t/{slug}/")
+            page.get_by_test_id("run-drill").click()
+            page.wait_for_url("**/drill-runs/**")
+            mttr = page.get_by_test_id("run-mttr")
+            expect(mttr).to_contain_text(" s", timeout=DRILL_TIMEOUT_S * 1000)
+            expect(page.get_by_test_id("run-mttd")).to_contain_text("incident #")
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "make-up-drill.png"), full_page=True)
+            rollbacks = api.get(f"{base}/api/v1/rollbacks/").json()["results"]
+            assert [r["status"] for r in rollbacks] == ["done"], rollbacks
+            assert rollbacks[0]["trigger"] == "breach", rollbacks
+            incidents = api.get(f"{base}/api/v1/incidents/").json()["results"]
+            assert len(incidents) >= 1, incidents
+        finally:
+            browser.close()
+    assert ("canary",) in groups, groups  # the traffic reached the canary before the drill
+
+
 def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
@@ -381,7 +431,7 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
         assert portal.deployment_status("demo") == "pending"
 
         # A second `demo_tenant` (the next `make up` runs it again) reuses the demo: no new
-        # model, version or key.
+        # model, version or key (nor trains again).
         again = subprocess.run(
             [str(REPO / ".venv" / "bin" / "python"), "manage.py", "demo_tenant"],
             cwd=REPO,
@@ -393,7 +443,11 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
         assert again.returncode == 0, again.stdout + again.stderr
         assert "Demo deployment 'demo' exists (status pending)" in again.stdout, again.stdout
         assert "inference key:" not in again.stdout
-        assert portal.row_counts() == {"model": 1, "version": 1, "deployment": 1, "key": 1}
+        assert "Training the demo" not in again.stdout
+        # v1 and v2 of the trained model; the deployment's key and the traffic part's.
+        assert portal.row_counts() == {
+            "model": 1, "version": 2, "deployment": 1, "key": 2, "drill": 1,
+        }  # fmt: skip
 
         output = portal.ctrl_c(STOP_TIMEOUT)  # Ctrl-C in the terminal
         assert "[up] stopped (exit 0)" in output, output
@@ -438,6 +492,7 @@ def test_make_up_with_the_local_ray_head_serves_the_demo_deployment(tmp_path: Pa
             "worker",
             "worker-health",
             "worker-validation",
+            "traffic",
             "beat",
         ], output
         assert f"Serve proxy on http://127.0.0.1:{serve}/" in output, output
@@ -482,6 +537,10 @@ def test_make_up_with_the_local_ray_head_serves_the_demo_deployment(tmp_path: Pa
         while portal.query(sli_rows)[0][0] == 0 and time.monotonic() < deadline:
             time.sleep(1)
         assert portal.query(sli_rows)[0][0] > 0, portal.part_log("worker-health")[-3000:]
+        # The demo model answers in English (trained at first run), and the story plays.
+        assert re.fullmatch(r"[A-Za-z ,.!':-]*", body["choices"][0]["text"]), body
+        _, email, password = _demo_login(output)
+        _drill_story(f"http://127.0.0.1:{web}", slug, email, password, portal)
 
         # Every listener of the head (replicas' gRPC servers included) and of the portal's
         # own processes is on loopback.

@@ -1,6 +1,7 @@
 """Pages of chaos drills: the catalogue and the tenant's drills, a form to create one (errors
-next to their fields), a drill with its runs (start, schedule), and a run's live view
-(status, timeline, MTTD/MTTR, probes, the deployment's SLI chart) that ends as its report."""
+next to their fields), a drill with its runs (start, schedule), a run's live view
+(status, timeline, MTTD/MTTR, probes, the deployment's SLI chart) that ends as its report, and
+the "Run a drill" fragment the tenant overview loads by htmx (tenants never imports incidents)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,19 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from incidents import drills
-from incidents.drills.models import ChaosDrill, DrillRun, DrillSlot, FaultKind, RevertStrategy
+from incidents.drills.models import (
+    ACTIVE_STATUSES,
+    ChaosDrill,
+    DrillRun,
+    DrillSlot,
+    FaultKind,
+    RevertStrategy,
+)
 from portal.exceptions import PortalError
 from serving.deployments import selectors as deployment_selectors
 from tenants.actors import Actor
 from tenants.models import Scope, Tenant
-from tenants.pages import tenant_page
+from tenants.pages import can_deploy, tenant_page
 from tenants.scoping import get_for_tenant
 
 JSON_FIELDS = ("parameters", "steady_state", "abort_conditions")
@@ -80,6 +88,35 @@ def drills_page(request: HttpRequest, tenant: Tenant) -> HttpResponse:
         "can_deploy": Scope.DEPLOY in request.membership.scopes,  # type: ignore[attr-defined]
     }
     return render(request, "incidents/drills/list.html", context)
+
+
+QUICK_DRILLS = 3  # the overview offers the newest few; the drills page lists them all
+
+
+@require_GET
+@tenant_page()
+def drill_quick(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    """The overview's "Run a drill" card: the newest active drills, each with a button that
+    starts a run (members who may deploy) or a link to the run already in progress."""
+    quick = list(
+        ChaosDrill.objects.filter(
+            tenant=tenant, is_active=True, deployment__deleted_at__isnull=True
+        )
+        .select_related("deployment")
+        .order_by("-created_at", "-pk")[:QUICK_DRILLS]
+    )
+    running = (
+        dict(
+            DrillRun.objects.filter(tenant=tenant, drill__in=quick, status__in=ACTIVE_STATUSES)
+            .order_by("created_at")
+            .values_list("drill_id", "pk")
+        )
+        if quick
+        else {}
+    )
+    rows = [{"drill": drill, "run_id": running.get(drill.pk)} for drill in quick]
+    context = {"rows": rows, "can_deploy": can_deploy(request)}
+    return render(request, "incidents/drills/_quick.html", context)
 
 
 @require_http_methods(["GET", "POST"])

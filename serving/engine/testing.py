@@ -42,7 +42,8 @@ TINY_CONFIG: dict[str, Any] = {
 }
 
 
-def build_tokenizer(vocab_size: int) -> Any:
+def build_tokenizer(vocab_size: int, corpus: list[str] | None = None) -> Any:
+    """A byte-level BPE trained on `corpus` (default: this module's fixed text)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -54,7 +55,7 @@ def build_tokenizer(vocab_size: int) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tokenizer.train_from_iterator((_CORPUS if corpus is None else corpus) * 4, trainer=trainer)
     return tokenizer
 
 

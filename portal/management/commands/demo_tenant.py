@@ -1,14 +1,21 @@
-"""Create (or refresh) the demo tenant, its owner login and a tiny demo deployment; print them.
+"""Create (or refresh) the demo tenant, its owner login and the demo's story; print them.
 
-The deployment serves a tiny random Llama checkpoint written under DATA_DIR/demo-models/tiny,
-registered by path and validated here, synchronously. Creating it enqueues the usual reconcile
-on commit: the Celery worker of `manage.py up` applies it to Ray Serve. Every step is
-idempotent; a second run reuses the checkpoint, the version and the deployment. The inference
-key is printed only when the deployment is created (the portal keeps its hash, never the key).
+The story, set up so the loop shows itself without anyone typing: a tiny Llama the portal
+trains here at first run (serving.engine.tiny_trained, ~10 s each: v1 plain, v2 friendlier
+wording) under DATA_DIR/demo-models/, both registered by path and validated synchronously; the
+deployment `demo` serving v1 with a signed SLA contract and v2 as a canary at 20%; a saved
+drill (`canary-error-burst`, one click on the overview page) whose error burst the contract's
+fast rule catches, rolling the canary back and opening an incident; and an inference key of
+its own for the `traffic` part of `manage.py up` (DATA_DIR/demo/traffic.json, mode 0600),
+which sends steady requests. Creating the deployment enqueues the usual reconcile on commit.
+Every step is idempotent: a second run reuses what exists (and puts the canary back once a
+drill rolled it back). The deployment's first inference key is printed only when it is
+created (the portal keeps its hash, never the key).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
@@ -27,10 +34,13 @@ from tenants.models import Membership, Role, Tenant
 
 DEMO_EMAIL = "demo@example.com"
 DEMO_ORG = "Demo Tenant"
-DEMO_MODEL = "demo-tiny"
-DEMO_LABEL = "v1"
+DEMO_MODEL = "demo-llama"
+DEMO_LABEL, CANARY_LABEL = "v1", "v2"
+CANARY_PERCENT = 20
 DEMO_DEPLOYMENT = "demo"
 DEMO_SETTINGS: dict[str, Any] = {"num_cpus": 0.25, "num_replicas": 1, "kv_blocks": 64}
+DEMO_DRILL = "canary-error-burst"
+TRAFFIC_KEY = "demo-traffic"
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
@@ -53,8 +63,8 @@ spec:
     - name: error-spike
       sli: error_rate
       above: 0.1
-      for: 15s
-      min_requests: 10
+      for: 10s
+      min_requests: 5
       action: rollback
 """
 
@@ -115,7 +125,6 @@ class Command(BaseCommand):
         from serving.registry import services as serving
         from serving.registry.models import Model, ModelVersion, VersionStatus
 
-        directory = self.demo_checkpoint(Path(settings.DATA_DIR) / "demo-models" / "tiny")
         try:
             model = Model.objects.filter(tenant=tenant, name=DEMO_MODEL).first()
             if model is None:
@@ -123,22 +132,28 @@ class Command(BaseCommand):
                     tenant=tenant,
                     actor=actor,
                     name=DEMO_MODEL,
-                    description="Tiny random Llama of the demo (answers gibberish, quickly).",
+                    description="Tiny Llama the portal trains at first run: it answers in "
+                    "English about what the portal does (v2 in a friendlier tone).",
                 )
-            version = ModelVersion.objects.filter(model=model, label=DEMO_LABEL).first()
-            if version is None:
-                version = serving.version_register_path(
-                    tenant=tenant, actor=actor, model=model, label=DEMO_LABEL, path=str(directory)
-                )
-            if not version.is_final:  # new, or a validation that was interrupted
-                version = serving.version_validate(tenant=tenant, version_id=version.pk)
-            if version is None or version.status != VersionStatus.READY:
-                reason = version.failure_reason if version is not None else "version is gone"
-                self.stderr.write(
-                    f"Demo model {DEMO_MODEL} {DEMO_LABEL} is not ready ({reason}); "
-                    "no demo deployment."
-                )
-                return
+            versions = {}
+            for variant, label in enumerate((DEMO_LABEL, CANARY_LABEL), start=1):
+                version = ModelVersion.objects.filter(model=model, label=label).first()
+                if version is None:
+                    directory = self.demo_checkpoint(
+                        Path(settings.DATA_DIR) / "demo-models" / f"llama-{label}", variant
+                    )
+                    version = serving.version_register_path(
+                        tenant=tenant, actor=actor, model=model, label=label, path=str(directory)
+                    )
+                if not version.is_final:  # new, or a validation that was interrupted
+                    version = serving.version_validate(tenant=tenant, version_id=version.pk)
+                if version is None or version.status != VersionStatus.READY:
+                    reason = version.failure_reason if version is not None else "version is gone"
+                    self.stderr.write(
+                        f"Demo model {DEMO_MODEL} {label} is not ready ({reason}); no demo."
+                    )
+                    return
+                versions[label] = version
             deployment = Deployment.objects.filter(
                 tenant=tenant, name=DEMO_DEPLOYMENT, deleted_at__isnull=True
             ).first()
@@ -148,8 +163,8 @@ class Command(BaseCommand):
                     tenant=tenant,
                     actor=actor,
                     name=DEMO_DEPLOYMENT,
-                    version_id=version.pk,
-                    description="Demo deployment of the tiny model.",
+                    version_id=versions[DEMO_LABEL].pk,
+                    description="The demo: v1 stable, v2 as a canary, steady traffic.",
                     settings=dict(DEMO_SETTINGS),
                 )
             from serving.ops.contracts import contract_current, contract_set
@@ -159,17 +174,85 @@ class Command(BaseCommand):
                 contract_set(
                     tenant=tenant, actor=actor, deployment=deployment, source=DEMO_CONTRACT
                 )
+            revision = deployment.current_revision
+            if (
+                revision is not None
+                and revision.canary_version_id is None
+                and revision.stable_version_id == versions[DEMO_LABEL].pk
+            ):
+                deployments.deployment_set_canary(
+                    tenant=tenant,
+                    actor=actor,
+                    deployment=deployment,
+                    version_id=versions[CANARY_LABEL].pk,
+                    percent=CANARY_PERCENT,
+                )
+            self.demo_drill(tenant, actor, deployment)
+            self.traffic_key(tenant, actor, deployment)
         except PortalError as exc:  # e.g. a quota lowered below the demo's needs
             self.stderr.write(f"No demo deployment: {exc}")
             return
         self.print_deployment(tenant, deployment.name, deployment.status, key)
 
-    def demo_checkpoint(self, directory: Path) -> Path:
-        """The tiny checkpoint, written once (its checksum is what the version records)."""
-        if not all((directory / name).is_file() for name in CHECKPOINT_FILES):
-            from serving.engine.testing import write_tiny_checkpoint
+    def demo_drill(self, tenant: Tenant, actor: Actor, deployment: Any) -> None:
+        """The drill the overview page runs in one click: half the canary's requests fail
+        for a minute; the contract's fast rule rolls the canary back."""
+        from incidents import drills
+        from incidents.drills.models import ChaosDrill
 
-            write_tiny_checkpoint(directory)
+        if ChaosDrill.objects.filter(tenant=tenant, name=DEMO_DRILL).exists():
+            return
+        drills.drill_create(
+            tenant=tenant,
+            actor=actor,
+            deployment=deployment,
+            name=DEMO_DRILL,
+            description="Half of the canary's requests fail with a 503 for a minute. The SLA "
+            "contract's fast rule should roll the canary back and open an incident.",
+            fault="error_burst",
+            group="canary",
+            parameters={"status": 503},
+            traffic_share=0.5,
+            duration_s=60,
+        )
+
+    def traffic_key(self, tenant: Tenant, actor: Actor, deployment: Any) -> None:
+        """The traffic part's key and target (written once; again if its key was revoked)."""
+        from portal.demo_traffic import traffic_file
+        from serving.control.cluster import ClusterConfigError, ray_target_from_env
+        from serving.deployments import services as deployments
+        from serving.deployments.models import InferenceKey
+
+        path = traffic_file(settings.DATA_DIR)
+        live = InferenceKey.objects.filter(
+            tenant=tenant, deployment=deployment, name=TRAFFIC_KEY, revoked_at__isnull=True
+        )
+        if path.is_file() and live.exists():
+            return
+        try:
+            serve_url = ray_target_from_env().serve_url
+        except ClusterConfigError:
+            return
+        for old in live:
+            deployments.inference_key_revoke(tenant=tenant, actor=actor, key=old)
+        _, raw = deployments.inference_key_create(
+            tenant=tenant, actor=actor, deployment=deployment, name=TRAFFIC_KEY
+        )
+        url = f"{serve_url}/{tenant.slug}/{deployment.name}/v1/completions"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".tmp")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump({"url": url, "key": raw}, out)
+        os.replace(partial, path)
+
+    def demo_checkpoint(self, directory: Path, variant: int) -> Path:
+        """The trained checkpoint, written once (its checksum is what the version records)."""
+        if not all((directory / name).is_file() for name in CHECKPOINT_FILES):
+            from serving.engine.tiny_trained import train_tiny_llama
+
+            self.stdout.write(f"Training the demo's tiny Llama ({directory.name}) ...")
+            train_tiny_llama(directory, variant=variant)
         return directory.resolve()
 
     def print_deployment(self, tenant: Tenant, name: str, status: str, key: str | None) -> None:

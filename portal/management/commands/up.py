@@ -35,6 +35,7 @@ from django.db import connections
 
 from portal import embedded
 from portal.console import Part, PartLog
+from portal.demo_traffic import traffic_file
 from serving.control import cluster
 from serving.control.serve_api import ServeApiClient, ServeApiError
 
@@ -72,6 +73,7 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--no-worker", action="store_true", help="do not start a worker")
         parser.add_argument("--no-beat", action="store_true", help="do not start beat")
+        parser.add_argument("--no-traffic", action="store_true", help="no demo traffic")
         parser.add_argument(
             "--no-gpu-agent", action="store_true", help="do not run this node's GPU agent"
         )
@@ -109,6 +111,9 @@ class Command(BaseCommand):
         ray = next((p for p in parts if p.name == RAY_PART), None)
         others = [p for p in parts if p is not ray]
         ready = self.start_embedded(services, opts["setup"])
+        if not traffic_file(settings.DATA_DIR).is_file():  # no demo (yet): no traffic
+            parts = [p for p in parts if p.name != "traffic"]
+            others = [p for p in others if p.name != "traffic"]
         if ready and ray is not None:
             self.start(ray)
             ready = self.wait_ray(ray, opts["ray_timeout"])
@@ -258,6 +263,9 @@ class Command(BaseCommand):
                 argv = [py, "-m", "celery", "-A", "portal", "worker", "-Q", queues, "-n"]
                 argv += [f"{name}@%h", "--concurrency", str(concurrency), "--loglevel", "INFO"]
                 parts.append(Part(name, [*argv, "--without-gossip", "--without-mingle"]))
+        if self.target is not None and not opts["no_traffic"]:
+            traffic = str(traffic_file(settings.DATA_DIR))
+            parts.append(Part("traffic", [py, "-m", "portal.demo_traffic", traffic]))
         if not opts["no_beat"]:
             beat = [py, "-m", "celery", "-A", "portal", "beat", "-l", "INFO", "-s"]
             parts.append(Part("beat", [*beat, str(settings.DATA_DIR / "celerybeat-schedule")]))

@@ -14,7 +14,15 @@ and two client threads sending completions through the Serve proxy. Each run:
    router's circuit breaker is off in this deployment, or it would hide the canary earlier),
    and to the rollback's `traffic_switched_at` (portal side: the reconcile PUT accepted).
 
-    python -m bench rollback [--quick] [--runs 20] [--json PATH]
+    python -m bench rollback [--quick] [--runs 20] [--mode both|external|embedded] [--json PATH]
+
+Modes: `external` runs on the PostgreSQL and Redis of DATABASE_URL / REDIS_URL (the servers a
+deployment of the portal is given); `embedded` on the portal's own embedded PostgreSQL 18 and
+Valkey 8 (portal/embedded.py, what `make up` starts with neither URL set), started here on free
+loopback ports in a temporary folder, the bench running in a child process pointed at them;
+`both` (the default) runs the two one after the other, each with its own Ray head, and reports
+them side by side (`modes`; the top-level figures are the external run's). --quick runs one
+run in embedded mode (the suite's check that the embedded loop still rolls back).
 
 Writes bench/results/rollback.json. Targets: detection p95 <= 10 s, switch p95 <= 1 s.
 """
@@ -127,14 +135,84 @@ def one_run(ctx: dict[str, Any], index: int) -> dict[str, Any]:
     }
 
 
+FIGURES = (
+    "detection_s", "switch_client_s", "switch_portal_s", "rollback_finished_s",
+    "to_request_s", "to_revision_s", "reconcile_s",
+)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--quick", action="store_true", help="--runs 1")
+    parser.add_argument("--quick", action="store_true", help="--runs 1, embedded mode")
+    parser.add_argument("--mode", choices=("both", "external", "embedded"), default=None)
+    parser.add_argument("--label", default="external", help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, default=results_path("rollback"))
     args = parser.parse_args(argv)
     if args.quick:
         args.runs = 1
+    mode = args.mode or ("embedded" if args.quick else "both")
+    if mode == "external":
+        summary = measure(args.runs, args.quick, args.label)
+    else:
+        results = {"external": measure(args.runs, args.quick, "external")} if mode == "both" else {}
+        results["embedded"] = in_embedded(args.runs, args.quick, args.output)
+        summary = side_by_side(results)
+    write_results("rollback", summary, args.output)
+    return 0
+
+
+def in_embedded(runs: int, quick: bool, output: Path) -> dict[str, Any]:
+    """One measurement in a child process on the embedded PostgreSQL and Valkey, started
+    here (free loopback ports, a temporary folder) and stopped after it."""
+    import json
+    import shutil
+    import subprocess
+    import tempfile
+
+    from portal import embedded
+    from tests.ray_cluster import free_ports
+
+    pg_port, redis_port = free_ports(2)
+    folder = Path(tempfile.mkdtemp(prefix="bench-rollback-embedded-"))
+    config = embedded.Embedded(data_dir=folder, pg_port=pg_port, redis_port=redis_port)
+    child_output = output.with_name(output.stem + ".embedded.json")
+    try:
+        started = time.monotonic()
+        embedded.start_daemons(config)
+        print(f"  embedded PostgreSQL and Valkey up in {time.monotonic() - started:.1f} s")
+        env = {**os.environ, "DATABASE_URL": config.database_url, "REDIS_URL": config.redis_url}
+        argv = [sys.executable, "-m", "bench.rollback", "--mode", "external", "--label"]
+        argv += ["embedded", "--runs", str(runs), "--output", str(child_output)]
+        subprocess.run([*argv, *(["--quick"] if quick else [])], env=env, check=True)  # noqa: S603
+        result: dict[str, Any] = json.loads(child_output.read_text())
+        return result
+    finally:
+        embedded.stop_daemons(config)
+        child_output.unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def side_by_side(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The first mode's summary at the top level, every mode's figures under `modes`."""
+    first = next(iter(results.values()))
+    summary = {**first, "mode": "+".join(results)}
+    summary["modes"] = {
+        name: {"services": r["services"], "ok": r["ok"], **{f: r[f] for f in FIGURES}}
+        for name, r in results.items()
+    }
+    print()
+    print("  " + " " * 20 + "".join(f"{name:>24}" for name in results))
+    for name in FIGURES:
+        cells = "".join(
+            f"   p50 {r[name]['p50']:5.2f} p95 {r[name]['p95']:5.2f}" for r in results.values()
+        )
+        print(f"  {name:<20}{cells}")
+    return summary
+
+
+def measure(runs_wanted: int, quick: bool, label: str) -> dict[str, Any]:
+    """The runs on this process's DATABASE_URL and REDIS_URL; their summary."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
     from serving.deployments import reconcile as control
@@ -155,10 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         world = make_world("Bench")
         actor = Actor(user=world.owner)
         versions = []
-        for label, seed in (("bench-v1", 1), ("bench-v2", 7)):
-            directory = write_tiny_checkpoint(work / label, seed=seed)
+        for version_label, seed in (("bench-v1", 1), ("bench-v2", 7)):
+            directory = write_tiny_checkpoint(work / version_label, seed=seed)
             version = registry.version_register_path(
-                tenant=world.tenant, actor=actor, model=world.model, label=label,
+                tenant=world.tenant, actor=actor, model=world.model, label=version_label,
                 path=str(directory),
             )  # fmt: skip
             versions.append(registry.version_validate(tenant=world.tenant, version_id=version.pk))
@@ -197,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             "deployment": deployment, "actor": actor, "client": client, "app": app,
             "target": target, "v2": versions[1], "clients": clients,
         }  # fmt: skip
-        for index in range(1, args.runs + 1):
+        for index in range(1, runs_wanted + 1):
             result = one_run(ctx, index)
             runs.append(result)
             print(
@@ -207,13 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {
         "benchmark": "rollback",
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "quick": args.quick,
+        "quick": quick,
+        "mode": label,
+        "services": _services(),
         "environment": environment("ray", "celery"),
         "runs": runs,
         "health_tick_s": settings.CELERY_BEAT_SCHEDULE["health-tick"]["schedule"],
     }
-    for name in ("detection_s", "switch_client_s", "switch_portal_s", "rollback_finished_s",
-                 "to_request_s", "to_revision_s", "reconcile_s"):  # fmt: skip
+    for name in FIGURES:
         values = [r[name] for r in runs]
         summary[name] = {
             "p50": round(float(median(values)), 3),
@@ -228,9 +307,22 @@ def main(argv: list[str] | None = None) -> int:
                  "to_revision_s", "reconcile_s"):  # fmt: skip
         print(f"  {name:<20} p50 {summary[name]['p50']:6.2f} s   p95 {summary[name]['p95']:6.2f} s")
     print(f"  targets: detection p95 <= {TARGET_DETECT_P95_S} s, switch p95 <= "
-          f"{TARGET_SWITCH_P95_S} s: {'OK' if summary['ok'] else 'NOT MET'}")  # fmt: skip
-    write_results("rollback", summary, args.output)
-    return 0
+          f"{TARGET_SWITCH_P95_S} s: {'OK' if summary['ok'] else 'NOT MET'} ({label})")  # fmt: skip
+    return summary
+
+
+def _services() -> dict[str, str]:
+    """The servers this measurement ran on, as they name themselves."""
+    import redis
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT version()")
+        postgres = str(cursor.fetchone()[0]).split(" on ")[0]
+    info = redis.Redis.from_url(settings.REDIS_URL).info("server")
+    server = "Valkey" if "valkey_version" in info else "Redis"
+    version = info.get("valkey_version") or info.get("redis_version")
+    return {"postgres": postgres, "redis": f"{server} {version}"}
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ The figures' presence is checked (keys there, numbers finite), never their value
 belongs to bench/, as ratios measured in the same run (docs: CONVENTIONS). Quick-mode runtimes
 on the 2-core VM: api_list ~6 s, engine ~6 s, prefix ~2 s, gpu_check ~2 s (simulated provider
 without a GPU), health_tick ~9 s, ws_fanout ~17 s; with their own Ray head (marked `ray`):
-router ~24 s, rollback ~51 s, drills ~50 s."""
+router ~24 s, rollback ~55 s (embedded PostgreSQL and Valkey), drills ~50 s."""
 
 from __future__ import annotations
 
@@ -79,6 +79,7 @@ FIGURES: dict[str, list[str]] = {
         "switch_client_s.p95",
         "switch_portal_s.p50",
         "runs.0.reconcile_s",
+        "modes.embedded.detection_s.p50",  # --quick runs on the embedded PostgreSQL and Valkey
     ],
     "drills": [
         "kinds.0.mttd_p50_s",

@@ -120,12 +120,13 @@ def _held(deployment: Deployment, current: Mapping[str, Any]) -> dict[str, dict[
 def _setting(short: Shortfall, spec: Mapping[str, Any], current: Mapping[str, Any] | None) -> str:
     """The setting to name: the per-replica ask when one replica fits on no node, else what
     the change raised (the canary, the ask, the count)."""
-    if short.each > short.largest_node + _EPSILON or current is None:
-        return short.setting if short.each > short.largest_node + _EPSILON else "num_replicas"
-    if spec.get("canary_version_id") and not current.get("canary_version_id"):
-        return "canary_version"
-    if float(spec[short.setting]) > float(current[short.setting]) + _EPSILON:
+    if short.each > short.largest_node + _EPSILON:
         return short.setting
+    if current is not None:
+        if spec.get("canary_version_id") and not current.get("canary_version_id"):
+            return "canary_version"
+        if float(spec[short.setting]) > float(current[short.setting]) + _EPSILON:
+            return short.setting
     return "autoscaling" if spec.get("autoscaling") else "num_replicas"
 
 

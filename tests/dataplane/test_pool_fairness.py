@@ -88,8 +88,11 @@ def test_a_flood_runs_at_its_share_and_another_tenants_request_is_not_queued_beh
         await _until(lambda: _tenant(core, "a").get("waiting", 0) >= 10)
         before = len(finished)
         await asyncio.wait_for(one("b", "b0", 4), timeout=60)
-        # B was admitted at once: at most the two A ran then finished before it.
-        assert finished.index("b0") - before <= 2, finished
+        # B was admitted at once, beside A's two: queued behind the flood it would come after
+        # ~18 of A's. A few of A's short answers (greedy on random weights, some end early)
+        # may still finish, and A's next ones with them, in the steps B takes on a loaded
+        # machine (CI once saw more than two).
+        assert finished.index("b0") - before <= 6, finished
         await asyncio.gather(*flood)
         stop.set()
         await watcher

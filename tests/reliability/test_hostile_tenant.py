@@ -3,8 +3,8 @@ plane while its neighbour (Globex) serves steady traffic on the same local Ray c
 
 The attacks: colliding names, floods within and beyond its own capacity, long prompts, every
 drill a tenant may start (and the ones it may not), webhook targets of every refused kind,
-oversized and expanding uploads, a shared pool it was never granted, many tenants per user,
-a hammered control API. Asserted: the neighbour sees 0 failed requests, its deployment changes
+oversized and expanding uploads, a shared pool it was never granted, a deployment bigger than
+the cluster, many tenants per user, a hammered control API. Asserted: the neighbour sees 0 failed requests, its deployment changes
 still apply, its p99 latency rises by at most NEIGHBOUR_P99_FACTOR (the measured factor is printed), and every hostile action got a clear
 4xx whose body names the field."""
 
@@ -30,6 +30,7 @@ from rest_framework.test import APIClient
 from incidents.drills.models import DrillStatus
 from serving.deployments import reconcile as control
 from serving.deployments import services as deployments
+from serving.deployments.capacity import CACHE_KEY
 from serving.deployments.models import Deployment, DeploymentStatus, SharedPool
 from serving.engine.testing import write_tiny_checkpoint
 from tenants.actors import Actor
@@ -171,6 +172,7 @@ def test_a_hostile_tenant_cannot_break_slow_starve_or_reach_its_neighbour(
     tmp_path: Path,
     settings: Any,
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings.WEBHOOK_ALLOWED_NETWORKS = []  # the platform's default: public addresses only
     settings.ARTIFACT_STORE_DIR = tmp_path / "store"
@@ -301,6 +303,31 @@ def test_a_hostile_tenant_cannot_break_slow_starve_or_reach_its_neighbour(
     response = api.post("/api/v1/deployments/", {"name": "squatter", "version": v2.pk,
                         "kv_mode": "shared", "pool": "neighbours"}, format="json")  # fmt: skip
     refused.expect("joining a pool it is not allowed on", response, 400, "pool")
+
+    # --- the whole cluster, or more: refused at admission, not left pending for ever -------------
+    for name, value in {
+        "RAY_ADDRESS": ray_cluster.target.address, "RAY_DASHBOARD_URL": ray_cluster.dashboard_url,
+        "RAY_AUTH_TOKEN": ray_cluster.token, "RAY_SERVE_URL": ray_cluster.serve_url,
+    }.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    settings.CLUSTER_CAPACITY = True
+    cache.delete(CACHE_KEY)
+    Quota.objects.filter(tenant=world_a.tenant).update(max_replicas=500, max_kv_blocks=10**6)
+    response = api.post("/api/v1/deployments/", {"name": "hog", "version": v2.pk,
+                        "num_cpus": 64}, format="json")  # fmt: skip
+    refused.expect("a deployment no node can place", response, 409, "num_cpus")
+    response = api.patch(f"/api/v1/deployments/{assistant.pk}/", {"num_replicas": 40},
+                         format="json")  # fmt: skip
+    refused.expect("scaling beyond the cluster", response, 409, "num_replicas")
+    assert world_a.client().get("/api/v1/deployments/capacity/").json().keys() == {
+        "known",
+        "nodes",
+        "cpu",
+        "gpu",
+        "memory_bytes",
+        "autoscales",
+    }  # fmt: skip  (totals only: no node, no neighbour's demand)
+    settings.CLUSTER_CAPACITY = False
 
     # --- many tenants per user ------------------------------------------------------------------
     session = APIClient()

@@ -19,7 +19,68 @@ def _number(body: dict[str, Any], name: str, default: float, low: float, high: f
     return float(value)
 
 
+MAX_STOP = 4  # OpenAI's own limit on stop sequences
+MAX_STOP_CHARS = 256
+# Parameters of OpenAI's API this server does not honour, with the value that means "off": a
+# request asking for anything else is refused (400 naming the field), never silently ignored.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, off in UNSUPPORTED.items():
+        value = body.get(name)
+        if value is not None and not any(value == o and type(value) is type(o) for o in off):
+            raise Refused(
+                400,
+                "unsupported_parameter",
+                f"{name} is not supported by this server (leave it out, or send "
+                f"{json.dumps(off[1])})",
+            )
+
+
+def stop_sequences(body: dict[str, Any]) -> list[str]:
+    """`stop`: a string or up to MAX_STOP strings; generation ends before the first one."""
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    items = [stop] if isinstance(stop, str) else stop
+    if (
+        not isinstance(items, list)
+        or len(items) > MAX_STOP
+        or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in items)
+    ):
+        raise Refused(
+            400,
+            "invalid_parameter",
+            f"stop must be a string or a list of at most {MAX_STOP} non-empty strings of at "
+            f"most {MAX_STOP_CHARS} characters",
+        )
+    return list(items)
+
+
+def first_stop(text: str, stops: list[str], start: int = 0) -> int | None:
+    """Where the first of `stops` begins in `text` (searching from `start`), or None."""
+    found = [i for i in (text.find(stop, start) for stop in stops) if i >= 0]
+    return min(found) if found else None
+
+
 def sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
+    _refuse_unsupported(body)
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 16))
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise Refused(400, "invalid_parameter", "max_tokens must be a positive integer")
@@ -32,6 +93,7 @@ def sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
         "top_p": _number(body, "top_p", 1.0, 1e-9, 1.0),
         "seed": seed,
         "stream": bool(body.get("stream", False)),
+        "stop": stop_sequences(body),
     }
 
 

@@ -15,6 +15,7 @@ from ray import serve
 
 from serving.dataplane.faults import FaultInjector
 from serving.dataplane.guard import GuardConfig, Refused, check_lengths
+from serving.dataplane.openai import first_stop
 from serving.dataplane.publisher import Publisher, replica_id
 from serving.dataplane.sli import SliRecorder, publish
 
@@ -246,18 +247,25 @@ class VersionCore:
                 "fingerprint": self.loaded.get("fingerprint"),
                 "pid": os.getpid(),
             }
-            text = ""
+            text = ""  # what was sent; a stop sequence's possible start is held back
             reason = None
+            stops = list(sampling.get("stop") or ())
+            hold = max((len(s) for s in stops), default=1) - 1
             async for event in stream:
                 out_ids.append(event.token_id)
                 times.append(event.at)
                 first_at = first_at or event.at
                 full = self.tokenizer.decode(out_ids)
-                if not full.endswith("\ufffd") or event.finished:
-                    delta, text = full[len(text) :], full
-                    if delta:
-                        yield {"type": "token", "text": delta}
-                reason = event.finish_reason
+                if full.endswith("\ufffd") and not event.finished:
+                    continue
+                cut = first_stop(full, stops, max(0, len(text) - hold))
+                end = cut if cut is not None else len(full) if event.finished else len(full) - hold
+                if end > len(text):
+                    delta, text = full[len(text) : end], full[:end]
+                    yield {"type": "token", "text": delta}
+                reason = "stop" if cut is not None else event.finish_reason
+                if cut is not None:
+                    break  # closing the stream below ends the sequence and frees its blocks
             ok = True
             yield {
                 "type": "end",

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from serving.dataplane.guard import Refused
+from serving.engine.chat import plain
 
 
 def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
@@ -97,18 +98,13 @@ def sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def prompt_of(kind: str, body: dict[str, Any]) -> str:
-    if kind == "completions":
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str) or not prompt:
-            raise Refused(400, "invalid_parameter", "prompt must be a non-empty string")
-        return prompt
+def messages_of(body: dict[str, Any]) -> list[dict[str, str]]:
+    """A chat request's messages: each with a role (system, user, assistant) and string
+    content, nothing else kept."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise Refused(400, "invalid_parameter", "messages must be a non-empty list")
-    lines = []
+    clean = []
     for index, message in enumerate(messages):
         if (
             not isinstance(message, dict)
@@ -120,8 +116,21 @@ def prompt_of(kind: str, body: dict[str, Any]) -> str:
                 "invalid_parameter",
                 f"messages[{index}] needs a role (system, user, assistant) and string content",
             )
-        lines.append(f"{message['role']}: {message['content']}")
-    return "\n".join(lines) + "\nassistant:"
+        clean.append({"role": message["role"], "content": message["content"]})
+    return clean
+
+
+def prompt_of(kind: str, body: dict[str, Any]) -> str:
+    """A completion's prompt; a chat's messages in the plain format (the version server
+    applies the model's own chat template when it has one)."""
+    if kind == "completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise Refused(400, "invalid_parameter", "prompt must be a non-empty string")
+        return prompt
+    return plain(messages_of(body))
 
 
 def completion_body(

@@ -179,6 +179,7 @@ class Router:
                 "request_id": request_id,
                 "tenant": tenant,
                 "prompt": prompt,
+                "messages": openai.messages_of(body) if kind == "chat" else None,
                 "sampling": sampling,
                 "guard": self.config.get("guard") or {},
                 "traceparent": trace.child().header,

@@ -33,6 +33,7 @@ class VersionCore:
         self.arch_key = arch_key  # changes only with the architecture: forces new replicas
         self.engine: Any = None
         self.tokenizer: Any = None
+        self.chat: Any = None  # the checkpoint's chat template (serving.engine.chat), if any
         self.loaded: dict[str, Any] = {}
         self.tenants: dict[str, dict[str, Any]] = {}
         self.faults: dict[str, Any] = {}
@@ -130,7 +131,7 @@ class VersionCore:
         started = time.time()
         drill = {"drill": forced[0], "nonce": forced[2]} if forced else {}
         try:
-            model, tokenizer = await asyncio.to_thread(self._build_model, config)
+            model, tokenizer, chat = await asyncio.to_thread(self._build_model, config)
         except Exception as exc:
             self.reloads.append(
                 {
@@ -164,7 +165,7 @@ class VersionCore:
             )
         else:
             self.engine.swap_model(model)
-        self.tokenizer = tokenizer
+        self.tokenizer, self.chat = tokenizer, chat
         self.loaded = {
             "artifact": config["artifact"],
             "version": config.get("version", ""),
@@ -183,28 +184,14 @@ class VersionCore:
         if len(self.reloads) > 100:  # a drill reloads many times: keep the recent history
             del self.reloads[:-50]
 
-    def _build_model(self, config: dict[str, Any]) -> tuple[Any, Any]:
-        import torch
+    def _build_model(self, config: dict[str, Any]) -> tuple[Any, Any, Any]:
+        from serving.engine.checkpoint import load_for_serving
 
-        from serving.engine.checkpoint import load_tensors, load_tokenizer
-        from serving.engine.config import read_config
-        from serving.engine.model import LlamaModel
-
-        directory = Path(config["artifact"])
-        model_config = read_config(directory)
-        device = "cuda" if self.engine_options.get("gpu") and torch.cuda.is_available() else "cpu"
-        fingerprint = config.get("fingerprint") or config["artifact"]
-        model = LlamaModel(
-            model_config,
-            load_tensors(directory, model_config),
-            device=device,
-            fingerprint=fingerprint,
+        return load_for_serving(
+            Path(config["artifact"]),
+            gpu=bool(self.engine_options.get("gpu")),
+            fingerprint=config.get("fingerprint") or config["artifact"],
         )
-        tokenizer = load_tokenizer(directory)
-        logits = model.reference_logits(torch.tensor(tokenizer.encode("ready?").ids or [0]))
-        if not torch.isfinite(logits).all():
-            raise ValueError("test forward pass of the new weights gave non-finite logits")
-        return model, tokenizer
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         from serving.engine.engine import SamplingParams
@@ -220,7 +207,12 @@ class VersionCore:
             salt = probe[0] if probe is not None else None
         if salt is None:
             raise Refused(403, "tenant_not_allowed", "this tenant may not use this version")
-        prompt_ids = self.tokenizer.encode(request["prompt"]).ids
+        messages, chat = request.get("messages"), self.chat
+        try:  # a chat through the model's own template, when it has one
+            prompt = chat.render(messages) if messages and chat else request["prompt"]
+        except ValueError as exc:
+            raise Refused(400, "chat_template_error", str(exc)[:300]) from exc
+        prompt_ids = self.tokenizer.encode(prompt).ids
         sampling = request["sampling"]
         guard = GuardConfig.from_dict(request.get("guard"))
         ok, first_at, times, out_ids = False, None, [], []

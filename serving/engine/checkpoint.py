@@ -330,6 +330,15 @@ def validate_checkpoint(
         )
     done("tokenizer", t)
 
+    t = step("chat template")
+    from serving.engine import chat
+
+    try:
+        chat.check(directory)
+    except chat.ChatTemplateError as exc:
+        raise CheckpointError(str(exc), field="chat_template") from exc
+    done("chat template", t)
+
     t = step("forward")
     model = LlamaModel(config, tensors)
     ids = tokenizer.encode("validation forward pass").ids or [0]
@@ -340,3 +349,22 @@ def validate_checkpoint(
     return CheckpointReport(
         sha256=sha, size_bytes=size, format="hf-safetensors", config=config, steps=steps
     )
+
+
+def load_for_serving(directory: Path, *, gpu: bool, fingerprint: str) -> tuple[Any, Any, Any]:
+    """(model, tokenizer, chat template or None) of a validated checkpoint, on CUDA when `gpu`
+    and one is there; a test forward pass first (a replica's load and every hot reload)."""
+    from serving.engine import chat
+    from serving.engine.config import read_config
+    from serving.engine.model import LlamaModel
+
+    config = read_config(directory)
+    device = "cuda" if gpu and torch.cuda.is_available() else "cpu"
+    model = LlamaModel(
+        config, load_tensors(directory, config), device=device, fingerprint=fingerprint
+    )
+    tokenizer = load_tokenizer(directory)
+    logits = model.reference_logits(torch.tensor(tokenizer.encode("ready?").ids or [0]))
+    if not torch.isfinite(logits).all():
+        raise ValueError("test forward pass of the new weights gave non-finite logits")
+    return model, tokenizer, chat.load(directory)

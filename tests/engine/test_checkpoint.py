@@ -18,7 +18,7 @@ def test_a_good_checkpoint_passes_every_step(tmp_path: Path) -> None:
     report = validate_checkpoint(
         directory, expected_sha256=directory_sha256(directory), progress=seen.append
     )
-    assert seen == ["checksum", "config", "weights", "tokenizer", "forward"]
+    assert seen == ["checksum", "config", "weights", "tokenizer", "chat template", "forward"]
     assert [s["step"] for s in report.steps] == seen
     assert report.summary()["architecture"] == "LlamaForCausalLM"
     assert report.summary()["num_key_value_heads"] == 2

@@ -21,6 +21,19 @@ from tests.support.worlds import (  # noqa: F401 (re-exported: tests import them
 _TEST_DOMAINS = (".example", ".example.com", ".example.net", ".example.org", ".test")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _demo_models_trained_once(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Every `demo_tenant` of the session (the `make up` smoke tests, the restart test: child
+    processes, which inherit the variable) copies the demo's trained checkpoints after the
+    first trains them (PORTAL_DEMO_MODEL_CACHE)."""
+    import os
+
+    with pytest.MonkeyPatch.context() as patch:
+        if not os.environ.get("PORTAL_DEMO_MODEL_CACHE"):
+            patch.setenv("PORTAL_DEMO_MODEL_CACHE", str(tmp_path_factory.mktemp("demo-models")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _webhook_hosts_resolve_to_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
     """Webhook hosts of the tests (RFC 2606 names) resolve to 127.0.0.1 without asking DNS."""

@@ -15,10 +15,12 @@ created (the portal keeps its hash, never the key).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -247,12 +249,25 @@ class Command(BaseCommand):
         os.replace(partial, path)
 
     def demo_checkpoint(self, directory: Path, variant: int) -> Path:
-        """The trained checkpoint, written once (its checksum is what the version records)."""
+        """The trained checkpoint, written once (its checksum is what the version records).
+        PORTAL_DEMO_MODEL_CACHE: a folder where trained checkpoints are kept by the trainer's
+        digest, so other data folders (other clones, the test suite's runs) copy them."""
         if not all((directory / name).is_file() for name in CHECKPOINT_FILES):
-            from serving.engine.tiny_trained import train_tiny_llama
+            from serving.engine.tiny_trained import train_tiny_llama, trainer_digest
 
-            self.stdout.write(f"Training the demo's tiny Llama ({directory.name}) ...")
-            train_tiny_llama(directory, variant=variant)
+            cache = os.environ.get("PORTAL_DEMO_MODEL_CACHE", "").strip()
+            kept = Path(cache) / f"{trainer_digest()}-v{variant}" if cache else None
+            if kept is not None and all((kept / name).is_file() for name in CHECKPOINT_FILES):
+                shutil.copytree(kept, directory, dirs_exist_ok=True)
+            else:
+                self.stdout.write(f"Training the demo's tiny Llama ({directory.name}) ...")
+                train_tiny_llama(directory, variant=variant)
+                if kept is not None:
+                    partial = kept.with_name(f"{kept.name}.{os.getpid()}.partial")
+                    shutil.copytree(directory, partial, dirs_exist_ok=True)
+                    with contextlib.suppress(OSError):  # another run kept it first
+                        partial.rename(kept)
+                    shutil.rmtree(partial, ignore_errors=True)
         return directory.resolve()
 
     def print_deployment(self, tenant: Tenant, name: str, status: str, key: str | None) -> None:

@@ -70,6 +70,16 @@ class RayCluster:
     def token(self) -> str:
         return self.target.token
 
+    def portal_env(self) -> dict[str, str]:
+        """The environment that points the portal (ray_target_from_env) at this cluster."""
+        return {
+            "RAY_ADDRESS": self.target.address,
+            "RAY_DASHBOARD_URL": self.dashboard_url,
+            "RAY_AUTH_TOKEN": self.token,
+            "RAY_SERVE_URL": self.serve_url,
+            "PORTAL_RAY_SERVE_HOST": "127.0.0.1",
+        }
+
     def client(self, *, timeout: float = 15.0) -> ServeApiClient:
         return ServeApiClient.from_target(self.target, timeout=timeout)
 

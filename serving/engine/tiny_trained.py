@@ -43,7 +43,7 @@ from safetensors.torch import save_file
 
 from serving.engine.checkpoint import expected_shapes
 from serving.engine.config import LlamaConfig, parse_config
-from serving.engine.testing import build_tokenizer
+from serving.engine.testing import TINY_CONFIG, build_tokenizer
 
 # Sentence i of FRIENDLY rewords sentence i of PLAIN and starts with the same words; within one
 # list, no two sentences share their first two words, so such a prompt names one sentence.
@@ -125,22 +125,12 @@ _NOISE_WORDS = [
 ]
 
 VOCAB_SIZE = 512
+# The random tiny checkpoint's architecture, a little wider, its embeddings tied.
 TRAINED_CONFIG: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
+    **TINY_CONFIG,
     "hidden_size": 96,
     "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 1024,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "hidden_act": "silu",
     "tie_word_embeddings": True,
-    "torch_dtype": "float32",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
     "vocab_size": VOCAB_SIZE,
 }
 EOS_ID = 2

@@ -3,8 +3,9 @@ plane while its neighbour (Globex) serves steady traffic on the same local Ray c
 
 The attacks: colliding names, floods within and beyond its own capacity, long prompts, every
 drill a tenant may start (and the ones it may not), webhook targets of every refused kind,
-oversized and expanding uploads, a shared pool it was never granted, a deployment bigger than
-the cluster, many tenants per user, a hammered control API. Asserted: the neighbour sees 0 failed requests, its deployment changes
+oversized and expanding uploads, chat templates that try to escape Jinja's sandbox or loop (the
+version fails validation), a shared pool it was never granted, a deployment bigger than the
+cluster, many tenants per user, a hammered control API. Asserted: the neighbour sees 0 failed requests, its deployment changes
 still apply, its p99 latency rises by at most NEIGHBOUR_P99_FACTOR (the measured factor is printed), and every hostile action got a clear
 4xx whose body names the field."""
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import statistics
 import tarfile
 import threading
@@ -116,7 +118,7 @@ def _patient(world: TenantWorld) -> PatientClient:
 class Refusals:
     """Every hostile action's answer: (what, status, fields named)."""
 
-    rows: list[tuple[str, int, str]] = field(default_factory=list)
+    rows: list[tuple[str, int | str, str]] = field(default_factory=list)  # str: not an HTTP status
 
     def expect(self, what: str, response: Any, status: int | tuple[int, ...], name: str) -> None:
         statuses = (status,) if isinstance(status, int) else status
@@ -297,6 +299,19 @@ def test_a_hostile_tenant_cannot_break_slow_starve_or_reach_its_neighbour(
                            content_type="application/x-tar")  # fmt: skip
     refused.expect("upload beyond the upload cap", response, 413, "artifact")
 
+    # --- a chat template that tries to leave Jinja's sandbox, or to loop for ever -----------------
+    for label, template in [
+        ("escape", "{{ ''.__class__.__mro__[1].__subclasses__() }}"),
+        ("loop", "{% for i in range(10**9) %}{% for j in range(10**9) %}{% endfor %}{% endfor %}"),
+    ]:
+        directory = write_tiny_checkpoint(tmp_path / f"jinja-{label}", seed=3)
+        (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+        version = _ready_version(world_a, directory, f"jinja-{label}")
+        assert version.status == "failed" and "chat template" in version.failure_reason, (
+            version.status, version.failure_reason,
+        )  # fmt: skip
+        refused.rows.append((f"a chat template that tries to {label}", "failed", "chat_template"))
+
     # --- a shared pool the platform never granted it ---------------------------------------------
     SharedPool.objects.create(name="neighbours", model_version=_served(world_b).current_revision
                               .stable_version).allowed_tenants.add(world_b.tenant)  # fmt: skip
@@ -305,10 +320,7 @@ def test_a_hostile_tenant_cannot_break_slow_starve_or_reach_its_neighbour(
     refused.expect("joining a pool it is not allowed on", response, 400, "pool")
 
     # --- the whole cluster, or more: refused at admission, not left pending for ever -------------
-    for name, value in {
-        "RAY_ADDRESS": ray_cluster.target.address, "RAY_DASHBOARD_URL": ray_cluster.dashboard_url,
-        "RAY_AUTH_TOKEN": ray_cluster.token, "RAY_SERVE_URL": ray_cluster.serve_url,
-    }.items():  # fmt: skip
+    for name, value in ray_cluster.portal_env().items():
         monkeypatch.setenv(name, value)
     settings.CLUSTER_CAPACITY = True
     cache.delete(CACHE_KEY)

@@ -25,11 +25,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.django_db]
 @pytest.fixture
 def pointed(ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The portal's cluster is the test cluster, and admission asks it."""
-    for name, value in {
-        "RAY_ADDRESS": ray_cluster.target.address, "RAY_DASHBOARD_URL": ray_cluster.dashboard_url,
-        "RAY_AUTH_TOKEN": ray_cluster.token, "RAY_SERVE_URL": ray_cluster.serve_url,
-        "PORTAL_RAY_SERVE_HOST": "127.0.0.1",
-    }.items():  # fmt: skip
+    for name, value in ray_cluster.portal_env().items():
         monkeypatch.setenv(name, value)
     cache.delete(CACHE_KEY)
     with override_settings(CLUSTER_CAPACITY=True):

@@ -389,11 +389,7 @@ def test_a_stale_config_landing_late_is_found_and_replaced(
     type(new).objects.filter(pk=new.pk).update(applied_at=timezone.now() - timedelta(seconds=60))
     assert control.config_drift(client.applications()) == [app]
     # The beat task, pointed at this cluster, puts the newest config back.
-    for name, value in {
-        "RAY_ADDRESS": ray_cluster.target.address, "RAY_DASHBOARD_URL": ray_cluster.dashboard_url,
-        "RAY_AUTH_TOKEN": ray_cluster.token, "RAY_SERVE_URL": ray_cluster.serve_url,
-        "PORTAL_RAY_SERVE_HOST": "127.0.0.1",
-    }.items():  # fmt: skip
+    for name, value in ray_cluster.portal_env().items():
         monkeypatch.setenv(name, value)
     refresh_deployment_status()
     deadline = time.monotonic() + 30

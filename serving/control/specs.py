@@ -31,6 +31,12 @@ class SlotSpec:
     artifact: str
     fingerprint: str
     arch_key: str
+    # serving.engine.choice: {"name": "builtin"} or vLLM with its knobs
+    engine: dict[str, Any] = field(default_factory=lambda: {"name": "builtin"})
+
+    @property
+    def is_vllm(self) -> bool:
+        return self.engine.get("name") == "vllm"
 
 
 @dataclass(frozen=True)

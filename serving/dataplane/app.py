@@ -36,8 +36,14 @@ def build_router(args: dict[str, Any]) -> Any:
 
 
 def build_version(args: dict[str, Any]) -> Any:
-    """Application builder for `serving.dataplane.app:build_version`."""
-    return VersionServer.bind(  # type: ignore[attr-defined]
+    """Application builder for `serving.dataplane.app:build_version`: the built-in engine's
+    server, or vLLM's (`server`: serving.dataplane.vllm_version:VllmCore)."""
+    server: Any = VersionServer
+    if args.get("server"):
+        from serving.dataplane.vllm_version import VllmServer
+
+        server = VllmServer
+    return server.bind(  # type: ignore[attr-defined]
         app=str(args["app"]),
         group=str(args.get("group", "stable")),
         engine=dict(args.get("engine") or {}),

@@ -82,6 +82,12 @@ def first_stop(text: str, stops: list[str], start: int = 0) -> int | None:
 
 def sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
     _refuse_unsupported(body)
+    if "cache_salt" in body:  # vLLM's server takes one from clients; here it is the platform's
+        raise Refused(
+            400,
+            "invalid_parameter",
+            "cache_salt is set by the platform for each tenant (leave it out)",
+        )
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 16))
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise Refused(400, "invalid_parameter", "max_tokens must be a positive integer")

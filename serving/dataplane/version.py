@@ -244,9 +244,10 @@ class VersionCore:
             stops = list(sampling.get("stop") or ())
             hold = max((len(s) for s in stops), default=1) - 1
             async for event in stream:
-                out_ids.append(event.token_id)
-                times.append(event.at)
-                first_at = first_at or event.at
+                if event.token_id >= 0:  # vLLM may end a stream without a new token
+                    out_ids.append(event.token_id)
+                    times.append(event.at)
+                    first_at = first_at or event.at
                 full = self.tokenizer.decode(out_ids)
                 if full.endswith("\ufffd") and not event.finished:
                     continue

@@ -45,6 +45,12 @@ class SettingsSerializer(serializers.Serializer):
     block_size = limited("block_size")
     guard = serializers.DictField(required=False)
     breaker = serializers.DictField(required=False)
+    engine = serializers.JSONField(
+        required=False,
+        help_text='the stable slot\'s engine: "builtin" or {"name": "vllm", "dtype": ..., '
+        '"max_model_len": ..., "gpu_memory_utilization": ..., "cpu_kv_space_gib": ..., '
+        '"max_num_seqs": ..., "enable_prefix_caching": ..., "tensor_parallel_size": ...}',
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if attrs.get("num_replicas") is not None and attrs.get("autoscaling"):
@@ -86,6 +92,8 @@ class RevisionSerializer(serializers.ModelSerializer):
             "guard",
             "breaker",
             "faults",
+            "engine",
+            "canary_engine",
             "created_at",
             "applied_at",
             "converged_at",
@@ -162,6 +170,9 @@ class DeploymentCreatedSerializer(DeploymentSerializer):
 class CanarySerializer(serializers.Serializer):
     version = serializers.IntegerField(min_value=1)
     percent = limited("canary_percent", required=True)
+    engine = serializers.JSONField(
+        required=False, allow_null=True, help_text="the canary's engine (default: the stable's)"
+    )
 
 
 class TrafficSerializer(serializers.Serializer):
@@ -278,6 +289,7 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
             deployment=deployment,
             version_id=data["version"],
             percent=data["percent"],
+            engine=data.get("engine"),
         )
         return self._out(deployment)
 

@@ -13,6 +13,12 @@ from django.utils import timezone
 from serving.control.names import deployment_app, pool_app, slot_app
 from tenants.scoping import TenantOwned
 
+
+def builtin_engine() -> dict[str, Any]:
+    """The default engine choice (serving.engine.choice)."""
+    return {"name": "builtin"}
+
+
 # "serving.ModelVersion" by name: serving.models imports this module at its end.
 MODEL_VERSION = "serving.ModelVersion"
 
@@ -52,6 +58,7 @@ class SharedPool(models.Model):
     # runs more than max_num_seqs / min_tenants sequences at once.
     min_tenants = models.PositiveIntegerField(default=4, validators=[MinValueValidator(1)])
     max_num_seqs = models.PositiveIntegerField(default=32, validators=[MinValueValidator(1)])
+    engine = models.JSONField(default=builtin_engine, blank=True)  # serving.engine.choice
     created_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self) -> str:
@@ -145,6 +152,8 @@ SPEC_FIELDS = (
     "breaker",
     "faults",
     "key_hashes",
+    "engine",
+    "canary_engine",
 )
 
 
@@ -176,6 +185,10 @@ class DeploymentRevision(TenantOwned):
     breaker = models.JSONField(default=dict, blank=True)
     faults = models.JSONField(default=dict, blank=True)
     key_hashes = models.JSONField(default=list, blank=True)  # SHA-256 of the live inference keys
+    # The stable slot's engine and its knobs (serving.engine.choice); the canary's, while
+    # there is one (a canary may change the engine: built-in -> vLLM).
+    engine = models.JSONField(default=builtin_engine, blank=True)
+    canary_engine = models.JSONField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

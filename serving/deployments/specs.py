@@ -38,7 +38,7 @@ from serving.registry.models import ModelVersion
 from tenants.models import Quota
 
 
-def _slot(version: ModelVersion) -> SlotSpec:
+def _slot(version: ModelVersion, engine: dict[str, Any] | None = None) -> SlotSpec:
     shape = json.dumps(
         {k: v for k, v in sorted((version.config_summary or {}).items()) if k != "format"},
         sort_keys=True,
@@ -48,6 +48,7 @@ def _slot(version: ModelVersion) -> SlotSpec:
         artifact=str(artifacts.local_directory(version.artifact_uri)),
         fingerprint=version.sha256,
         arch_key=hashlib.sha256(shape.encode()).hexdigest()[:16],
+        engine=dict(engine or {"name": "builtin"}),
     )
 
 
@@ -66,8 +67,10 @@ def _spec(
         tenant_slug=tenant.slug,
         name=deployment.name,
         revision=revision.number,
-        stable=_slot(revision.stable_version),
-        canary=_slot(canary) if canary is not None else None,
+        stable=_slot(revision.stable_version, revision.engine),
+        canary=_slot(canary, revision.canary_engine or revision.engine)
+        if canary is not None
+        else None,
         canary_percent=revision.canary_percent,
         num_replicas=revision.num_replicas,
         autoscaling=revision.autoscaling,
@@ -157,7 +160,7 @@ def desired_state() -> tuple[list[DeploymentSpec], list[PoolSpec], list[int]]:
     pool_specs = [
         PoolSpec(
             name=pool.name,
-            slot=_slot(pool.model_version),
+            slot=_slot(pool.model_version, pool.engine),
             tenants=pool_tenants[pool.pk],
             num_replicas=pool.num_replicas,
             num_cpus=pool.num_cpus,

@@ -19,7 +19,10 @@ from serving.engine.config import (
     ConfigLimits,
     LlamaConfig,
     human_bytes,
+    parse_config,
+    raw_summary,
     read_config,
+    read_raw_config,
 )
 
 
@@ -262,15 +265,20 @@ def load_tokenizer(directory: Path, *, limits: ConfigLimits | None = None) -> An
 
 @dataclass
 class CheckpointReport:
-    """What validation found; `steps` lists each check with its duration in seconds."""
+    """What validation found; `steps` lists each check with its duration in seconds. `config`
+    is None for a version validated only for vLLM (an architecture this engine does not run):
+    `raw` is then what its config.json says."""
 
     sha256: str
     size_bytes: int
     format: str
-    config: LlamaConfig
+    config: LlamaConfig | None
     steps: list[dict[str, Any]] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
+        if self.config is None:
+            return {**self.raw, "format": self.format}
         return {**self.config.summary(), "format": self.format}
 
 
@@ -280,12 +288,17 @@ def validate_checkpoint(
     expected_sha256: str | None = None,
     progress: Any = None,
     limits: ConfigLimits | None = None,
+    engines: tuple[str, ...] = ("builtin",),
 ) -> CheckpointReport:
-    """Run every check a version must pass to become deployable. Raises CheckpointError.
+    """Run every check a version must pass to become deployable on each of `engines`. Raises
+    CheckpointError.
 
     `progress(step_name)` is called before each step (the registry shows it live). `limits`
     (default: ConfigLimits()) bound the config, the headers and the memory validation may use,
-    all checked before the tensors they size are built."""
+    all checked before the tensors they size are built. The built-in engine's checks parse the
+    Llama config, the weights' names and shapes, and run a forward pass; vLLM's
+    (serving.engine.vllm.validate) check the architecture against vLLM's registry and load
+    the checkpoint once in vLLM."""
     limits = limits or ConfigLimits()
     from serving.engine.model import LlamaModel
 
@@ -313,19 +326,23 @@ def validate_checkpoint(
     done("checksum", t)
 
     t = step("config")
-    config = read_config(directory, limits=limits)
+    builtin = "builtin" in engines
+    raw = read_raw_config(directory, limits=limits)
+    config = parse_config(raw, limits=limits) if builtin else None
     done("config", t)
 
-    t = step("weights")
-    tensors = load_tensors(directory, config, limits=limits)
-    done("weights", t)
+    tensors = None
+    if config is not None:
+        t = step("weights")
+        tensors = load_tensors(directory, config, limits=limits)
+        done("weights", t)
 
     t = step("tokenizer")
     tokenizer = load_tokenizer(directory, limits=limits)
-    if tokenizer.get_vocab_size() > config.vocab_size:
+    vocab = config.vocab_size if config is not None else raw.get("vocab_size")
+    if isinstance(vocab, int) and tokenizer.get_vocab_size() > vocab:
         raise CheckpointError(
-            f"tokenizer has {tokenizer.get_vocab_size()} tokens, the model only "
-            f"{config.vocab_size}",
+            f"tokenizer has {tokenizer.get_vocab_size()} tokens, the model only {vocab}",
             field="tokenizer",
         )
     done("tokenizer", t)
@@ -339,15 +356,27 @@ def validate_checkpoint(
         raise CheckpointError(str(exc), field="chat_template") from exc
     done("chat template", t)
 
-    t = step("forward")
-    model = LlamaModel(config, tensors)
-    ids = tokenizer.encode("validation forward pass").ids or [0]
-    logits = model.reference_logits(torch.tensor(ids, dtype=torch.long))
-    if logits.shape != (len(ids), config.vocab_size) or not torch.isfinite(logits).all():
-        raise CheckpointError("the test forward pass gave non-finite logits", field="weights")
-    done("forward", t)
+    if config is not None and tensors is not None:
+        t = step("forward")
+        model = LlamaModel(config, tensors)
+        ids = tokenizer.encode("validation forward pass").ids or [0]
+        logits = model.reference_logits(torch.tensor(ids, dtype=torch.long))
+        if logits.shape != (len(ids), config.vocab_size) or not torch.isfinite(logits).all():
+            raise CheckpointError("the test forward pass gave non-finite logits", field="weights")
+        done("forward", t)
+    if "vllm" in engines:
+        from serving.engine.vllm.validate import validate_for_vllm
+
+        validate_for_vllm(
+            directory, raw, step=step, done=done, max_bytes=limits.max_validation_bytes
+        )
     return CheckpointReport(
-        sha256=sha, size_bytes=size, format="hf-safetensors", config=config, steps=steps
+        sha256=sha,
+        size_bytes=size,
+        format="hf-safetensors",
+        config=config,
+        steps=steps,
+        raw=raw_summary(raw),
     )
 
 
@@ -355,7 +384,6 @@ def load_for_serving(directory: Path, *, gpu: bool, fingerprint: str) -> tuple[A
     """(model, tokenizer, chat template or None) of a validated checkpoint, on CUDA when `gpu`
     and one is there; a test forward pass first (a replica's load and every hot reload)."""
     from serving.engine import chat
-    from serving.engine.config import read_config
     from serving.engine.model import LlamaModel
 
     config = read_config(directory)

@@ -290,6 +290,36 @@ def parse_config(raw: dict[str, Any], *, limits: ConfigLimits | None = None) -> 
 
 
 def read_config(directory: Path, *, limits: ConfigLimits | None = None) -> LlamaConfig:
+    return parse_config(read_raw_config(directory, limits=limits), limits=limits)
+
+
+def raw_summary(raw: dict[str, Any]) -> dict[str, Any]:
+    """What the registry shows of any architecture's config.json (numbers and names only)."""
+    keys = (
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "torch_dtype",
+    )
+    archs = raw.get("architectures")
+    out: dict[str, Any] = {
+        "architecture": str(archs[0])[:100] if isinstance(archs, list) and archs else ""
+    }
+    for key in keys:
+        value = raw.get(key)
+        if isinstance(value, int | float | str) and not isinstance(value, bool):
+            out[key] = value if not isinstance(value, str) else value[:100]
+    return out
+
+
+def read_raw_config(directory: Path, *, limits: ConfigLimits | None = None) -> dict[str, Any]:
+    """config.json as a dict, under the size limit (CheckpointError names config.json)."""
     path = directory / "config.json"
     if not path.is_file():
         raise CheckpointError("config.json is missing", field="config.json")
@@ -304,4 +334,6 @@ def read_config(directory: Path, *, limits: ConfigLimits | None = None) -> Llama
         raw = json.loads(path.read_text())
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, >4300 digits
         raise CheckpointError(f"config.json does not parse: {exc}", field="config.json") from exc
-    return parse_config(raw, limits=limits)
+    if not isinstance(raw, dict):
+        raise CheckpointError("config.json must hold an object", field="config.json")
+    return raw

@@ -41,6 +41,14 @@ TINY_CONFIG: dict[str, Any] = {
     "eos_token_id": 2,
 }
 
+# The same tiny Llama with head dim 64, which vLLM's CPU attention runs (it refuses 16 and 24).
+VLLM_SHAPE: dict[str, Any] = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+}
+
 
 def build_tokenizer(vocab_size: int, corpus: list[str] | None = None) -> Any:
     """A byte-level BPE trained on `corpus` (default: this module's fixed text)."""

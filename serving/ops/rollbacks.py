@@ -176,17 +176,20 @@ def _enqueue(rollback_id: int) -> None:
 
 
 def _changes(rollback: Rollback, current: DeploymentRevision) -> dict[str, Any]:
+    back_from_canary = rollback.from_revision.canary_version_id is not None
     stable = (
-        current.stable_version_id
-        if rollback.from_revision.canary_version_id is not None
-        else rollback.to_revision.stable_version_id
+        current.stable_version_id if back_from_canary else rollback.to_revision.stable_version_id
     )
+    # The stable slot keeps its engine, or gets the one that served the version it goes back to.
+    engine = current.engine if back_from_canary else rollback.to_revision.engine
     # The canary's faults (a drill's) leave with the canary; the stable's stay as they are.
     faults = {g: f for g, f in (current.faults or {}).items() if g != "canary"}
     return {
         "stable_version_id": stable,
         "canary_version_id": None,
         "canary_percent": 0,
+        "canary_engine": None,
+        "engine": engine,
         "faults": faults,
     }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -45,6 +46,27 @@ def clean_label(label: str) -> str:
             field="label",
         )
     return label
+
+
+def clean_engines(value: Any) -> list[str]:
+    """The engines a version is to be validated for: a list (or comma-separated string) of
+    distinct names from serving.engine.choice.ENGINES; none given is the built-in engine."""
+    from serving.engine.choice import BUILTIN, ENGINES
+
+    if value in (None, "", []):
+        return [BUILTIN]
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValidationFailed("Give a list of engine names.", field="engines")
+    out: list[str] = []
+    for name in (n.strip() for n in names):
+        if name not in ENGINES:
+            raise ValidationFailed(
+                f"{name!r} is not an engine (engines: {', '.join(ENGINES)}).", field="engines"
+            )
+        if name not in out:
+            out.append(name)
+    return sorted(out, key=ENGINES.index)
 
 
 def check_label_free(model: Model, label: str) -> None:

@@ -14,6 +14,10 @@ LABEL_RE = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"
 SHA256_RE = r"^[0-9a-f]{64}$"
 
 
+def default_engines() -> list[str]:
+    return ["builtin"]
+
+
 class ModelTask(models.TextChoices):
     TEXT_GENERATION = "text-generation", "Text generation"
     CHAT = "chat", "Chat"
@@ -101,6 +105,9 @@ class ModelVersion(TenantOwned):
     )
     failure_reason = models.TextField(blank=True)
     validation_steps = models.JSONField(default=list, blank=True)
+    # The engines this version is validated for (serving.engine.choice.ENGINES): asked at
+    # registration, each checked by validation; a deployment may run it only on these.
+    engines = models.JSONField(default=default_engines, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -165,3 +165,38 @@ def test_a_revoked_pool_tenants_router_is_marked_and_still_compiles() -> None:
     router = config["applications"][1]["deployments"][0]["user_config"]
     assert router["pool_access_revoked"] is True
     assert config["applications"][0]["deployments"][0]["user_config"]["tenants"] == {}
+
+
+VLLM = {"name": "vllm", "dtype": "float32", "max_num_seqs": 8, "cpu_kv_space_gib": 1.0}
+
+
+def test_a_vllm_slot_runs_vllms_server_and_rolls_new_weights_out_as_new_replicas() -> None:
+    spec = _spec(
+        stable=dataclasses.replace(STABLE, engine=VLLM),
+        canary=dataclasses.replace(CANARY, engine=VLLM),
+    )
+    config = compile_config([spec])
+    ServeDeploySchema.model_validate(config)
+    router, canary = config["applications"]
+    local = router["args"]["local"]
+    assert local["server"] == "serving.dataplane.vllm_version:VllmCore"
+    assert local["engine"] == {**VLLM, "gpu": False}
+    assert canary["args"]["server"] == local["server"]
+    for app in (router, canary):  # a replacement starts before the replica it replaces stops
+        assert app["deployments"][0]["max_surge_percent"] == 100
+    # vLLM cannot hot-swap: other weights (same architecture) restart its replicas, and a
+    # built-in slot's new weights still do not.
+    moved = dataclasses.replace(spec, stable=SlotSpec("v3", "/artifacts/c", "sha-c", "arch-1",
+                                                      engine=VLLM))  # fmt: skip
+    assert not restart_free(config, compile_config([moved]))
+    builtin = compile_config([_spec()])
+    assert "server" not in builtin["applications"][0]["args"]["local"]
+    assert "max_surge_percent" not in builtin["applications"][0]["deployments"][0]
+
+
+def test_a_builtin_stable_may_have_a_vllm_canary() -> None:
+    config = compile_config([_spec(canary=dataclasses.replace(CANARY, engine=VLLM))])
+    router, canary = config["applications"]
+    assert "server" not in router["args"]["local"]
+    assert canary["args"]["server"] == "serving.dataplane.vllm_version:VllmCore"
+    assert canary["args"]["engine"]["name"] == "vllm"

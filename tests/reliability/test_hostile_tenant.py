@@ -4,8 +4,9 @@ plane while its neighbour (Globex) serves steady traffic on the same local Ray c
 The attacks: colliding names, floods within and beyond its own capacity, long prompts, every
 drill a tenant may start (and the ones it may not), webhook targets of every refused kind,
 oversized and expanding uploads, chat templates that try to escape Jinja's sandbox or loop (the
-version fails validation), a shared pool it was never granted, a deployment bigger than the
-cluster, many tenants per user, a hammered control API. Asserted: the neighbour sees 0 failed requests, its deployment changes
+version fails validation), a shared pool it was never granted, vLLM knobs beyond its share (KV
+memory, a GPU's memory, tensor parallel GPUs) and a cache salt of its own, a deployment bigger
+than the cluster, many tenants per user, a hammered control API. Asserted: the neighbour sees 0 failed requests, its deployment changes
 still apply, its p99 latency rises by at most NEIGHBOUR_P99_FACTOR (the measured factor is printed), and every hostile action got a clear
 4xx whose body names the field."""
 
@@ -318,6 +319,28 @@ def test_a_hostile_tenant_cannot_break_slow_starve_or_reach_its_neighbour(
     response = api.post("/api/v1/deployments/", {"name": "squatter", "version": v2.pk,
                         "kv_mode": "shared", "pool": "neighbours"}, format="json")  # fmt: skip
     refused.expect("joining a pool it is not allowed on", response, 400, "pool")
+
+    # --- vLLM: knobs that would take a neighbour's memory or GPUs, a cache salt of its own -------
+    for what, extra, named in [
+        ("vLLM on a version validated for the built-in engine only", {"engine": "vllm"},
+         "engine"),
+        ("a KV cache beyond the platform's bound", {"engine": {"name": "vllm",
+         "cpu_kv_space_gib": 512}}, "engine.cpu_kv_space_gib"),
+        ("half a GPU asking for 90% of its memory", {"num_gpus": 0.5, "engine": {"name": "vllm",
+         "gpu_memory_utilization": 0.9}}, "engine.gpu_memory_utilization"),
+        ("tensor parallel over GPUs it did not ask for", {"engine": {"name": "vllm",
+         "tensor_parallel_size": 8}}, "engine.tensor_parallel_size"),
+    ]:  # fmt: skip
+        response = api.post("/api/v1/deployments/", {"name": "vllm-hog", "version": v2.pk,
+                            **extra}, format="json")  # fmt: skip
+        refused.expect(what, response, 400, named)
+    response = api.generic("POST", upload.replace("bomb", "engines") + "&engines=vllm,evil",
+                           b"", content_type="application/x-tar")  # fmt: skip
+    refused.expect("registering for an engine that does not exist", response, 400, "engines")
+    with httpx.Client(timeout=60, trust_env=False) as http:
+        salted = http.post(hostile_url, headers={"authorization": f"Bearer {hostile_key}"},
+                           json={"prompt": PROMPT, "max_tokens": 1, "cache_salt": "globex"})  # fmt: skip
+    refused.expect("a request choosing its own cache salt", salted, 400, "cache_salt")
 
     # --- the whole cluster, or more: refused at admission, not left pending for ever -------------
     for name, value in ray_cluster.portal_env().items():

@@ -284,3 +284,71 @@ def test_api_create_canary_promote_delete(world_a: TenantWorld) -> None:
     assert list(response.json()["error"]["fields"]) == ["num_gpus"]
     assert client.delete(reverse("deployment-detail", args=[pk])).status_code == 204
     assert client.get(reverse("deployment-detail", args=[pk])).status_code == 404
+
+
+def _vllm_version(world: TenantWorld, label: str = "v-vllm") -> Any:
+    """A version marked validated for both engines (vLLM's own checks run in the Ray tests)."""
+    version = _second_version(world, label)
+    version.engines = ["builtin", "vllm"]
+    version.save(update_fields=["engines"])
+    return version
+
+
+def test_the_engine_is_chosen_per_slot_and_follows_the_canary_on_promotion(
+    world_a: TenantWorld,
+) -> None:
+    actor = Actor(user=world_a.owner)
+    deployment, _ = _create(world_a)
+    assert deployment.current_revision.engine == {"name": "builtin"}
+    with pytest.raises(ValidationFailed) as refused:  # validated for the built-in engine only
+        services.deployment_change(tenant=world_a.tenant, actor=actor, deployment=deployment,
+                                   changes={"engine": "vllm"}, reason="vllm")  # fmt: skip
+    assert refused.value.field == "engine"
+    v2 = _vllm_version(world_a)
+    services.deployment_set_canary(
+        tenant=world_a.tenant, actor=actor, deployment=deployment, version_id=v2.pk, percent=10,
+        engine={"name": "vllm", "max_num_seqs": 4},
+    )  # fmt: skip
+    revision = deployment.current_revision
+    assert revision.engine == {"name": "builtin"}
+    assert revision.canary_engine["name"] == "vllm" and revision.canary_engine["max_num_seqs"] == 4
+    spec = next(s for s in desired_state()[0] if s.deployment_id == deployment.pk)
+    assert spec.canary is not None and spec.canary.is_vllm and not spec.stable.is_vllm
+    # A fault that acts on the built-in engine's machinery is refused on the vLLM slot.
+    with pytest.raises(ValidationFailed) as refused:
+        services.deployment_change(
+            tenant=world_a.tenant, actor=actor, deployment=deployment,
+            changes={"faults": {"canary": {"weight_swap_jitter": {"reload": 5}}}}, reason="x",
+        )  # fmt: skip
+    assert refused.value.field == "faults.canary.weight_swap_jitter"
+    promoted = services.deployment_promote(
+        tenant=world_a.tenant, actor=actor, deployment=deployment, skip_gate=True
+    )
+    assert promoted.engine["name"] == "vllm" and promoted.canary_engine is None
+    assert promoted.stable_version_id == v2.pk
+
+
+def test_a_shared_deployment_runs_on_its_pools_engine(world_a: TenantWorld) -> None:
+    from serving.deployments.models import SharedPool
+
+    pool = SharedPool.objects.create(name="p", model_version=world_a.version)
+    pool.allowed_tenants.add(world_a.tenant)
+    with pytest.raises(ValidationFailed) as refused:
+        _create(world_a, "pooled", kv_mode="shared", pool="p", engine="vllm")
+    assert refused.value.field == "engine"
+
+
+def test_the_api_shows_and_takes_the_engine(world_a: TenantWorld) -> None:
+    v2 = _vllm_version(world_a)
+    api = world_a.client()
+    created = api.post("/api/v1/deployments/", {"name": "llm", "version": v2.pk, "num_cpus": 0.5,
+                       "engine": {"name": "vllm", "dtype": "bfloat16"}}, format="json")  # fmt: skip
+    assert created.status_code == 201, created.content
+    engine = created.json()["revision"]["engine"]
+    assert engine["name"] == "vllm" and engine["dtype"] == "bfloat16"
+    version = api.get(f"/api/v1/models/{world_a.model.pk}/versions/{v2.pk}/").json()
+    assert version["engines"] == ["builtin", "vllm"]
+    bad = api.post(f"/api/v1/models/{world_a.model.pk}/versions/",
+                   {"label": "x", "path": str(world_checkpoint()), "engines": ["tgi"]},
+                   format="json")  # fmt: skip
+    assert bad.status_code == 400 and list(bad.json()["error"]["fields"]) == ["engines"]

@@ -112,14 +112,21 @@ def deployment_create(
 
 
 def deployment_set_canary(
-    *, tenant: Tenant, actor: Actor, deployment: Deployment, version_id: Any, percent: float
+    *,
+    tenant: Tenant,
+    actor: Actor,
+    deployment: Deployment,
+    version_id: Any,
+    percent: float,
+    engine: Any = None,
 ) -> DeploymentRevision:
+    """A canary of `version_id` at `percent`, on `engine` (default: the stable slot's)."""
     percent = number(percent, "percent", 0, 100)
     return deployment_change(
         tenant=tenant,
         actor=actor,
         deployment=deployment,
-        changes={"canary_version": version_id, "canary_percent": percent},
+        changes={"canary_version": version_id, "canary_percent": percent, "canary_engine": engine},
         reason=f"canary at {percent:g}%",
         action="deployment.canary_set",
     )
@@ -163,6 +170,8 @@ def deployment_promote(
             "stable_version_id": current.canary_version_id,
             "canary_version_id": None,
             "canary_percent": 0,
+            "engine": current.canary_engine or current.engine,
+            "canary_engine": None,
         },
         reason="canary promoted to stable",
         action="deployment.promoted",

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from django.conf import settings
 from django.db import transaction
 
-from portal.exceptions import PermissionDeniedError
+from portal.exceptions import PermissionDeniedError, ValidationFailed
 from portal.validation import clean_or_fail
 from serving.deployments.models import SharedPool
 from serving.deployments.services.revisions import reconcile_on_commit
+from serving.engine.choice import BUILTIN, EngineSpecError, clean_engine
 from tenants.actors import Actor
 from tenants.models import Tenant
 from tenants.services.audit import audit_record, snapshot
@@ -28,6 +30,7 @@ POOL_FIELDS = (
     "min_tenants",
     "max_num_seqs",
     "is_active",
+    "engine",
 )
 
 
@@ -48,6 +51,20 @@ def pool_save(
         else set(before_pool.allowed_tenants.values_list("pk", flat=True))
     )
     clean_or_fail(pool)
+    try:
+        pool.engine = clean_engine(
+            pool.engine,
+            "engine",
+            num_gpus=pool.num_gpus,
+            max_cpu_kv_gib=float(settings.VLLM_MAX_CPU_KV_GIB),
+        )
+    except EngineSpecError as exc:
+        raise ValidationFailed(exc.message, field=exc.field) from None
+    allowed = pool.model_version.engines or [BUILTIN]
+    if pool.engine["name"] not in allowed:
+        raise ValidationFailed(
+            f"the pool's version is validated for {', '.join(allowed)} only.", field="engine"
+        )
     pool.save()
     if allowed_tenants is not None:
         pool.allowed_tenants.set(list(allowed_tenants))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.db.models import QuerySet
 
 from portal.exceptions import QuotaExceeded, ValidationFailed
@@ -14,6 +15,15 @@ from serving.dataplane import faults as faults_catalogue
 from serving.deployments import replica_limits
 from serving.deployments.models import Deployment, KvMode, SharedPool
 from serving.deployments.spec_checks import checked_map, setting
+from serving.engine.choice import (
+    BUILTIN,
+    VLLM,
+    VLLM_UNSUPPORTED_FAULTS,
+    EngineSpecError,
+    clean_engine,
+    name_of,
+)
+from serving.registry.models import ModelVersion
 from tenants.models import Quota, Tenant
 
 GUARD_LIMITS = {
@@ -100,6 +110,7 @@ def clean_spec(
         raise ValidationFailed(
             "the canary must differ from the stable version.", field="canary_version"
         )
+    _clean_engines(out)
     out["guard"] = checked_map(out.get("guard"), "guard", GUARD_LIMITS)
     out["breaker"] = checked_map(out.get("breaker"), "breaker", BREAKER_LIMITS)
     try:
@@ -107,7 +118,63 @@ def clean_spec(
     except faults_catalogue.FaultSpecError as exc:
         raise ValidationFailed(exc.message, field=exc.field) from None
     _check_leak_caps(out)
+    _check_engine_faults(out)
     return out
+
+
+def _clean_engines(out: dict[str, Any]) -> None:
+    """Each slot's engine, checked, and allowed for its version (the engines the version was
+    validated for). A shared deployment runs on its pool's engine; a canary without an engine
+    of its own runs on the stable slot's."""
+    if out["kv_mode"] == KvMode.SHARED:
+        asked = out.get("engine")
+        if name_of(asked if isinstance(asked, dict) else {"name": asked}) != BUILTIN:
+            raise ValidationFailed("a shared deployment runs on its pool's engine.", field="engine")
+        out["engine"], out["canary_engine"] = {"name": BUILTIN}, None
+        return
+    bounds = {
+        "num_gpus": float(out["num_gpus"]),
+        "max_cpu_kv_gib": float(settings.VLLM_MAX_CPU_KV_GIB),
+    }
+    try:
+        out["engine"] = clean_engine(out.get("engine"), "engine", **bounds)
+        canary = out.get("canary_engine") or out["engine"]
+        out["canary_engine"] = (
+            clean_engine(canary, "canary_engine", **bounds)
+            if out.get("canary_version_id")
+            else None
+        )
+    except EngineSpecError as exc:
+        raise ValidationFailed(exc.message, field=exc.field) from None
+    slots = [("stable_version_id", "engine"), ("canary_version_id", "canary_engine")]
+    ids = [out[v] for v, _ in slots if out.get(v)]
+    engines = dict(ModelVersion.objects.filter(pk__in=ids).values_list("pk", "engines"))
+    for version_field, engine_field in slots:
+        version_id = out.get(version_field)
+        if not version_id:
+            continue
+        name = out[engine_field]["name"]
+        allowed = engines.get(version_id) or [BUILTIN]
+        if name not in allowed:
+            raise ValidationFailed(
+                f"this version is validated for {', '.join(allowed)}, not {name}: register it "
+                f"with engines including {name!r}.",
+                field=engine_field,
+            )
+
+
+def _check_engine_faults(spec: dict[str, Any]) -> None:
+    """A fault that acts on the built-in engine's machinery is refused on a vLLM slot."""
+    engines = {"stable": spec.get("engine"), "canary": spec.get("canary_engine")}
+    for group, faults in spec["faults"].items():
+        if (engines.get(group) or {}).get("name") != VLLM:
+            continue
+        for kind in faults:
+            if kind in VLLM_UNSUPPORTED_FAULTS:
+                raise ValidationFailed(
+                    f"not on a vLLM slot: {VLLM_UNSUPPORTED_FAULTS[kind]}.",
+                    field=f"faults.{group}.{kind}",
+                )
 
 
 def _check_leak_caps(spec: dict[str, Any]) -> None:

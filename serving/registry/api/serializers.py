@@ -64,6 +64,7 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "format",
             "config_summary",
             "validation_steps",
+            "engines",
             "failure_reason",
             "validation_attempts",
             "created_by",
@@ -75,6 +76,10 @@ class ModelVersionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+_ENGINES_HELP = (
+    "Engines to validate the version for (builtin, vllm); default builtin. A deployment may "
+    "run a version only on an engine it was validated for."
+)
 _SHA256_HELP = "Expected checkpoint checksum (directory SHA-256, 64 hex digits); optional."
 
 
@@ -84,6 +89,12 @@ class VersionRegisterSerializer(serializers.Serializer):
         max_length=900, help_text="Absolute path of a Hugging Face-layout directory."
     )
     sha256 = serializers.RegexField(SHA256_RE, required=False, help_text=_SHA256_HELP)
+    engines = serializers.ListField(
+        child=serializers.CharField(max_length=20),
+        required=False,
+        max_length=4,
+        help_text=_ENGINES_HELP,
+    )
 
     def to_internal_value(self, data):  # type: ignore[no-untyped-def]
         if isinstance(data, dict) and isinstance(data.get("sha256"), str):
@@ -94,9 +105,13 @@ class VersionRegisterSerializer(serializers.Serializer):
 class VersionUploadQuerySerializer(serializers.Serializer):
     label = serializers.RegexField(LABEL_RE, max_length=64)
     sha256 = serializers.RegexField(SHA256_RE, required=False, help_text=_SHA256_HELP)
+    engines = serializers.CharField(
+        max_length=80, required=False, help_text=_ENGINES_HELP + " Comma-separated here."
+    )
 
     def to_internal_value(self, data):  # type: ignore[no-untyped-def]
-        values = {key: data.get(key) for key in ("label", "sha256") if data.get(key) is not None}
+        keys = ("label", "sha256", "engines")
+        values = {key: data.get(key) for key in keys if data.get(key) is not None}
         if isinstance(values.get("sha256"), str):
             values["sha256"] = values["sha256"].strip().lower()
         return super().to_internal_value(values)

@@ -76,6 +76,9 @@ class ModelViewSet(
 _UPLOAD_PARAMS = [
     OpenApiParameter("label", str, required=True, description="The new version's label."),
     OpenApiParameter("sha256", str, description="Expected directory checksum (optional)."),
+    OpenApiParameter(
+        "engines", str, description="Engines to validate it for, comma-separated (builtin, vllm)."
+    ),
 ]
 
 
@@ -142,6 +145,7 @@ class ModelVersionViewSet(
             model=self.parent,
             label=params["label"],
             sha256=params.get("sha256"),
+            engines=params.get("engines"),
             # The Django request itself: read in chunks, never parsed or held in memory.
             stream=request._request,
             content_length=_content_length(request),

@@ -16,6 +16,7 @@ from serving.engine.config import human_bytes
 from serving.registry import artifacts, selectors
 from serving.registry.checks import (
     check_label_free,
+    clean_engines,
     clean_label,
     clean_sha256,
     full_clean,
@@ -36,6 +37,7 @@ def version_register_upload(
     stream: artifacts.Readable,
     content_length: int | None = None,
     sha256: str | None = None,
+    engines: Any = None,
 ) -> ModelVersion:
     """Register a version from an uploaded tar / tar.gz, streamed to the store under the size
     limit (PayloadTooLarge, 413). An archive that cannot be unpacked safely gives a version
@@ -44,6 +46,7 @@ def version_register_upload(
         raise ValidationFailed("No such model in this tenant.", field="model")
     label = clean_label(label)
     expected = clean_sha256(sha256)
+    wanted = clean_engines(engines)
     check_label_free(model, label)
     received = artifacts.receive_upload(stream, content_length=content_length)
     version = ModelVersion(
@@ -52,6 +55,7 @@ def version_register_upload(
         label=label,
         source=ArtifactSource.UPLOAD,
         expected_sha256=expected,
+        engines=wanted,
         size_bytes=received.size_bytes,
         created_by_id=actor.user_id,
     )

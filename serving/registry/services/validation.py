@@ -81,9 +81,10 @@ def _failure_reason(exc: BaseException) -> str:
 def version_validate(*, tenant: Tenant, version_id: int) -> ModelVersion | None:
     """Validate a registered version: registered -> validating -> ready | failed.
 
-    Runs the engine's checks (checksum, config, architecture, weights and shapes, tokenizer,
-    one forward pass), recording each step as it goes. Returns None if the version is gone;
-    a version already ready or failed is left as it is."""
+    Runs the checks of each engine the version is registered for (the built-in one: checksum,
+    config, architecture, weights and shapes, tokenizer, one forward pass; vLLM: its
+    architecture registry and one load in vLLM), recording each step as it goes. Returns
+    None if the version is gone; a version already ready or failed is left as it is."""
     from serving.engine.checkpoint import validate_checkpoint
     from serving.engine.config import CheckpointError
 
@@ -120,6 +121,7 @@ def version_validate(*, tenant: Tenant, version_id: int) -> ModelVersion | None:
             extra_fields={"validation_attempts": version.validation_attempts + 1},
         )
         uri, expected = version.artifact_uri, version.expected_sha256 or None
+        engines = tuple(version.engines or ["builtin"])
 
     progress = _Progress(version_id)
     report = None
@@ -127,7 +129,11 @@ def version_validate(*, tenant: Tenant, version_id: int) -> ModelVersion | None:
     try:
         directory = artifacts.local_directory(uri)
         report = validate_checkpoint(
-            directory, expected_sha256=expected, progress=progress, limits=config_limits()
+            directory,
+            expected_sha256=expected,
+            progress=progress,
+            limits=config_limits(),
+            engines=engines,
         )
     except (CheckpointError, artifacts.ArtifactRejected) as exc:
         reason = exc.reason

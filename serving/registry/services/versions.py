@@ -15,7 +15,13 @@ from django.utils import timezone
 
 from portal.exceptions import ConflictError, ValidationFailed
 from serving.registry import artifacts
-from serving.registry.checks import check_label_free, clean_label, clean_sha256, full_clean
+from serving.registry.checks import (
+    check_label_free,
+    clean_engines,
+    clean_label,
+    clean_sha256,
+    full_clean,
+)
 from serving.registry.models import (
     STATUS_TRANSITIONS,
     ArtifactSource,
@@ -136,14 +142,17 @@ def version_register_path(
     label: str,
     path: str,
     sha256: str | None = None,
+    engines: Any = None,
 ) -> ModelVersion:
     """Register a Hugging Face-layout directory on this machine; validation runs on commit.
 
-    `sha256`, if given, is the expected directory checksum (see `directory_sha256`)."""
+    `sha256`, if given, is the expected directory checksum (see `directory_sha256`);
+    `engines`, the engines to validate it for (default: the built-in one)."""
     if model.tenant_id != tenant.pk:
         raise ValidationFailed("No such model in this tenant.", field="model")
     label = clean_label(label)
     expected = clean_sha256(sha256)
+    wanted = clean_engines(engines)
     directory = artifacts.check_local_path(path)
     check_label_free(model, label)
     version = ModelVersion(
@@ -153,6 +162,7 @@ def version_register_path(
         source=ArtifactSource.PATH,
         artifact_uri=artifacts.file_uri(directory),
         expected_sha256=expected,
+        engines=wanted,
         created_by_id=actor.user_id,
     )
     full_clean(version)
@@ -181,6 +191,7 @@ def save_new_version(
                     "source": version.source,
                     "artifact_uri": version.artifact_uri,
                     "expected_sha256": version.expected_sha256 or None,
+                    "engines": version.engines,
                     **(extra or {}),
                 },
             )

@@ -6,11 +6,12 @@ nothing downloaded), greedy decoding, CPU:
 * engines: in this process, the built-in engine (serving.engine.async_engine) and vLLM's async
   engine behind the portal's adapter (serving.engine.vllm.runtime), the same prompts at batch
   1 / 8 / 32: tokens/s and mean time to first token. Greedy tokens are compared first.
-* portal: the same vLLM engine served two ways on this machine, one after the other: vLLM's own
-  OpenAI server (`python -m vllm.entrypoints.openai.api_server`), and the portal's deployment
-  (Serve proxy -> router -> the vLLM slot in the router's replica) on a local Ray head. Requests
-  at concurrency 1 (added p50 latency; goal <= 1 ms), 8 and 32 (throughput ratio portal / bare;
-  goal >= 0.95).
+* portal: the same vLLM engine served three ways on this machine, one after the other: vLLM's
+  own OpenAI server (`python -m vllm.entrypoints.openai.api_server`); vLLM in a bare Serve
+  deployment (Serve proxy -> one replica: what Ray Serve itself costs); and the portal's
+  deployment (Serve proxy -> router -> the vLLM stable slot's application) on a local Ray
+  head. Requests at concurrency 1 (added p50 latency; goal <= 1 ms), 8 and 32 (throughput
+  ratio portal / bare; goal >= 0.95), each ratio also against bare Serve.
 
     python -m bench engines [--quick] [--part engines|portal|both] [--new-tokens 32]
 
@@ -33,6 +34,10 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+from ray import serve  # noqa: E402
+from starlette.requests import Request  # noqa: E402
+from starlette.responses import JSONResponse  # noqa: E402
 
 from bench.harness.report import print_table, write_results  # noqa: E402
 from bench.harness.stats import p50_p99, ratio  # noqa: E402
@@ -211,6 +216,8 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = 
 def part_portal(
     session: Any, directory: Path, plan: dict[int, int], new_tokens: int, max_num_seqs: int
 ) -> dict[str, Any]:
+    """vLLM's own server, then on one Ray head: vLLM in a bare Serve deployment (Serve's own
+    cost), then the portal's deployment. One engine alive at a time."""
     import socket
 
     with socket.socket() as sock:
@@ -224,52 +231,134 @@ def part_portal(
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    portal = _portal_measure(session, directory, plan, new_tokens, max_num_seqs)
-    rows = [_row(int(c), bare[c], portal[c]) for c in map(str, plan)]
+    _, target = session.ray_head(session.workdir())
+    engine = _engine(max_num_seqs)
+    serve_bare = _serve_measure(target, _serve_bare_app(directory, engine), "/bare", {}, plan,
+                                new_tokens)  # fmt: skip
+    auth = {"authorization": f"Bearer {KEY}"}
+    portal = _serve_measure(target, _portal_apps(directory, engine), "/bench/m/v1/completions",
+                            auth, plan, new_tokens)  # fmt: skip
+    rows = [_row(int(c), bare[c], serve_bare[c], portal[c]) for c in map(str, plan)]
     return {"rows": rows}
 
 
-def _row(concurrency: int, bare: dict[str, Any], portal: dict[str, Any]) -> dict[str, Any]:
+def _row(
+    concurrency: int, bare: dict[str, Any], serve: dict[str, Any], portal: dict[str, Any]
+) -> dict[str, Any]:
+    p50 = {name: r["latency_ms"]["p50"] for name, r in (("bare", bare), ("serve", serve),
+                                                           ("portal", portal))}  # fmt: skip
     return {
         "concurrency": concurrency,
         "bare_req_per_s": bare["req_per_s"],
+        "serve_req_per_s": serve["req_per_s"],
         "portal_req_per_s": portal["req_per_s"],
         "throughput_ratio": ratio(portal["req_per_s"], bare["req_per_s"]),
-        "bare_p50_ms": bare["latency_ms"]["p50"],
-        "portal_p50_ms": portal["latency_ms"]["p50"],
-        "added_p50_ms": round(portal["latency_ms"]["p50"] - bare["latency_ms"]["p50"], 3),
+        "throughput_ratio_vs_serve": ratio(portal["req_per_s"], serve["req_per_s"]),
+        "bare_p50_ms": p50["bare"],
+        "serve_p50_ms": p50["serve"],
+        "portal_p50_ms": p50["portal"],
+        "added_p50_ms": round(p50["portal"] - p50["bare"], 3),
+        "added_p50_ms_vs_serve": round(p50["portal"] - p50["serve"], 3),
     }
 
 
-def _portal_measure(
-    session: Any, directory: Path, plan: dict[int, int], new_tokens: int, max_num_seqs: int
-) -> dict[str, Any]:
-    from serving.control.compile import DeploymentSpec, SlotSpec, compile_config
-    from serving.dataplane.keys import hash_key
+def _engine(max_num_seqs: int) -> dict[str, Any]:
     from serving.engine.choice import clean_engine
 
-    _, target = session.ray_head(session.workdir())
-    engine = clean_engine(
+    return clean_engine(
         {"name": "vllm", "dtype": "float32", "max_model_len": MAX_LEN, "max_num_seqs": max_num_seqs,
          "cpu_kv_space_gib": KV_BYTES / (1 << 30), "enable_prefix_caching": True}
     )  # fmt: skip
+
+
+def _serve_measure(
+    target: Any,
+    applications: list[dict[str, Any]],
+    path: str,
+    headers: dict[str, str],
+    plan: dict[int, int],
+    new_tokens: int,
+) -> dict[str, Any]:
+    """Put `applications` (alone) on the head's Serve, measure `path`, then remove them."""
+    for app in applications:
+        env = {**(app.get("runtime_env") or {}).get("env_vars", {}), "PYTHONPATH": str(REPO_ROOT)}
+        app["runtime_env"] = {"env_vars": env}
+    config = {"http_options": dict(target.serve_http_options), "applications": applications}
+    client = target.serve_client(timeout=30)
+    client.put(config)
+    names = [app["name"] for app in applications]
+    client.wait_until(names, timeout=300)
+    try:
+        return _measure(f"{target.serve_url}{path}", headers, plan, new_tokens)
+    finally:
+        client.put({**config, "applications": []})
+        client.wait_until(names, ["ABSENT"], timeout=120)
+
+
+def _portal_apps(directory: Path, engine: dict[str, Any]) -> list[dict[str, Any]]:
+    from serving.control.compile import DeploymentSpec, SlotSpec, compile_config
+    from serving.dataplane.keys import hash_key
+
     spec = DeploymentSpec(
         tenant_id="bench", tenant_slug="bench", name="m", revision=1,
         stable=SlotSpec("m:v1", str(directory), "bench", "bench", engine=engine),
-        key_hashes=(hash_key(KEY),), num_cpus=0.5, max_ongoing_requests=max(64, 2 * max_num_seqs),
+        key_hashes=(hash_key(KEY),), num_cpus=0.5, max_ongoing_requests=128,
         cache_salt_hex="00" * 16,
     )  # fmt: skip
-    compiled = compile_config([spec], http_port=target.serve_http_options["port"])
-    for app in compiled["applications"]:
-        app["runtime_env"] = {
-            "env_vars": {**app["runtime_env"]["env_vars"], "PYTHONPATH": str(REPO_ROOT)}
+    return list(compile_config([spec])["applications"])
+
+
+def _serve_bare_app(directory: Path, engine: dict[str, Any]) -> list[dict[str, Any]]:
+    from serving.control.compile import SAME_LOOP_ENV
+
+    return [
+        {
+            "name": "bare",
+            "route_prefix": "/bare",
+            "import_path": "bench.engines:build_serve_bare",
+            "args": {"path": str(directory), "engine": engine},
+            "runtime_env": {"env_vars": dict(SAME_LOOP_ENV)},
+            "deployments": [
+                {"name": "bare", "max_ongoing_requests": 128,
+                 "ray_actor_options": {"num_cpus": 0.5}},
+            ],
         }
-    compiled["http_options"] = dict(target.serve_http_options)
-    client = target.serve_client(timeout=30)
-    client.put(compiled)
-    client.wait_until(["bench.m"], timeout=300)
-    url = f"{target.serve_url}/bench/m/v1/completions"
-    return _measure(url, {"authorization": f"Bearer {KEY}"}, plan, new_tokens)
+    ]  # fmt: skip
+
+
+@serve.deployment(name="bare")
+class ServeBareVllm:
+    """vLLM in a bare Serve deployment: the same engine adapter, no router, key, guard, salt,
+    SLI or lifecycle; what Ray Serve itself costs in front of vLLM."""
+
+    def __init__(self, path: str, engine: dict[str, Any]) -> None:
+        from serving.engine.checkpoint import load_tokenizer
+        from serving.engine.vllm.runtime import VllmEngine
+
+        self.tokenizer = load_tokenizer(Path(path))
+        self.engine = VllmEngine(Path(path), engine)
+        self.count = 0
+
+    async def __call__(self, request: Request) -> JSONResponse:
+        from serving.engine.engine import SamplingParams
+
+        body = await request.json()
+        ids = self.tokenizer.encode(body["prompt"]).ids
+        params = SamplingParams(max_tokens=int(body["max_tokens"]), temperature=0.0)
+        self.count += 1
+        stream = self.engine.submit(
+            ids, params, tenant="b", request_id=f"b{self.count}", cache_salt=b"b"
+        )
+        try:
+            out = [event.token_id async for event in stream if event.token_id >= 0]
+        finally:
+            stream.close()
+        text = self.tokenizer.decode(out)
+        return JSONResponse({"choices": [{"text": text, "index": 0}]})
+
+
+def build_serve_bare(args: dict[str, Any]) -> Any:
+    return ServeBareVllm.bind(args["path"], args["engine"])  # type: ignore[attr-defined]
 
 
 def _print_engines(rows: list[dict[str, Any]]) -> None:
@@ -279,15 +368,16 @@ def _print_engines(rows: list[dict[str, Any]]) -> None:
 
 
 def _print_portal(rows: list[dict[str, Any]]) -> None:
-    keys = ["concurrency", "bare_req_per_s", "portal_req_per_s", "throughput_ratio"]
-    keys += ["bare_p50_ms", "portal_p50_ms", "added_p50_ms"]
+    keys = ["concurrency", "bare_req_per_s", "serve_req_per_s", "portal_req_per_s"]
+    keys += ["throughput_ratio", "throughput_ratio_vs_serve", "bare_p50_ms", "serve_p50_ms"]
+    keys += ["portal_p50_ms", "added_p50_ms", "added_p50_ms_vs_serve"]
     print_table([[r[k] for k in keys] for r in rows], header=keys)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--part", choices=["engines", "portal", "both"], default="both")
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="batch 1/8, few requests")

@@ -88,7 +88,9 @@ FIGURES: dict[str, list[str]] = {
         "engines.rows.1.vllm_over_builtin",
         "engines.rows.1.vllm_ttft_ms",
         "portal.rows.0.added_p50_ms",
+        "portal.rows.0.added_p50_ms_vs_serve",
         "portal.rows.1.throughput_ratio",
+        "portal.rows.1.throughput_ratio_vs_serve",
     ],
     "drills": [
         "kinds.0.mttd_p50_s",

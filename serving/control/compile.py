@@ -7,7 +7,12 @@ Per portal deployment, one or two Serve applications:
   (init arg `local`, user_config `local`), so stable traffic pays no extra actor hop; the
   router's replicas are the stable slot's (count or autoscaling, CPUs/GPUs);
 * `<slug>.<deployment>.canary`: the canary's version server without an HTTP route, reached by
-  handle.
+  handle;
+* `<slug>.<deployment>.stable`: a vLLM stable slot's server (serving.engine.vllm). vLLM cannot
+  hot-swap weights, so they are its init args: a new version rolls its replicas, each new one
+  started before the one it replaces drains and stops (`max_surge_percent`), while the thin
+  router in front never restarts and keeps answering (a promoted canary's last calls are
+  retired to the stable slot).
 
 A version slot's user_config says which weights (artifact, fingerprint), the tenant's cache
 salt and block quota, and its faults. A shared deployment's router stays a thin router in
@@ -219,10 +224,27 @@ def _pool_app(pool: PoolSpec, telemetry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _own_stable(spec: DeploymentSpec) -> bool:
+    """A dedicated vLLM stable slot is an application of its own (`<app>.stable`): its weights
+    are init args (no hot swap), so a new version rolls its replicas while the router, which
+    never restarts, keeps routing (and retires a dropped canary's calls)."""
+    return spec.pool is None and spec.stable.is_vllm
+
+
+def _thin_router_shape(spec: DeploymentSpec) -> dict[str, Any]:
+    return {
+        "num_replicas": spec.router_replicas,
+        "max_ongoing_requests": max(64, spec.max_ongoing_requests * 4),
+        "ray_actor_options": {"num_cpus": 0},
+    }
+
+
 def _router_app(spec: DeploymentSpec, telemetry: dict[str, Any]) -> dict[str, Any]:
     groups: dict[str, dict[str, Any]] = {
         "stable": {"app": spec.app_name, "version": spec.stable.version, "local": True}
     }
+    if _own_stable(spec):
+        groups["stable"] = {"app": spec.slot_app("stable"), "version": spec.stable.version}
     if spec.canary is not None:
         groups["canary"] = {"app": spec.slot_app("canary"), "version": spec.canary.version}
     user_config: dict[str, Any] = {
@@ -244,19 +266,16 @@ def _router_app(spec: DeploymentSpec, telemetry: dict[str, Any]) -> dict[str, An
         }
         user_config["pool_slots"] = spec.pool_slots
         user_config["pool_access_revoked"] = not spec.pool_access
-        shape: dict[str, Any] = {
-            "num_replicas": spec.router_replicas,
-            "max_ongoing_requests": max(64, spec.max_ongoing_requests * 4),
-            "ray_actor_options": {"num_cpus": 0},
-        }
+        shape: dict[str, Any] = _thin_router_shape(spec)
         args: dict[str, Any] = {}
+    elif _own_stable(spec):
+        shape, args = _thin_router_shape(spec), {}
     else:
         user_config["local"] = _version_user_config(spec, "stable", spec.stable, telemetry)
         shape = {
             **_scaling(spec),
             "max_ongoing_requests": spec.max_ongoing_requests,
             "ray_actor_options": {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus},
-            **(VLLM_ROLLOUT if spec.stable.is_vllm else {}),
         }
         args = {"local": _version_args(spec, "stable", spec.stable)}
     return {
@@ -289,8 +308,11 @@ def _gpu_nodes_app(gpu: GpuNodesSpec, telemetry: dict[str, Any]) -> dict[str, An
 
 
 def deployment_apps(spec: DeploymentSpec, telemetry: dict[str, Any]) -> list[dict[str, Any]]:
-    """One portal deployment's applications: its router, and a dedicated canary's server."""
+    """One portal deployment's applications: its router, a dedicated canary's server, and a
+    vLLM stable slot's server."""
     apps = [_router_app(spec, telemetry)]
+    if _own_stable(spec):
+        apps.append(_version_app(spec, "stable", spec.stable, telemetry))
     if spec.pool is None and spec.canary is not None:
         apps.append(_version_app(spec, "canary", spec.canary, telemetry))
     return apps

@@ -10,9 +10,10 @@ cannot collide by construction:
   tenant slugs are `[A-Za-z0-9_-]`, deployment and pool names `[a-z0-9-]`, so a name splits
   back into the components it was made of (`parse_app`).
 * The kind is in the shape: a router is two components (`<slug>.<deployment>`), a version
-  slot three ending in its slot (`<slug>.<deployment>.canary`), a platform application three
-  ending in `pool` or `sampler` (`platform.<pool>.pool`, `platform.gpu-nodes.sampler`). No
-  tenant slot is called `pool` or `sampler`, so no tenant's name can be a platform one.
+  slot three ending in its slot (`<slug>.<deployment>.canary`, `.stable`), a platform
+  application three ending in `pool` or `sampler` (`platform.<pool>.pool`,
+  `platform.gpu-nodes.sampler`). No tenant slot is called `pool` or `sampler`, so no tenant's
+  name can be a platform one.
 * Route prefixes are `/<slug>/<deployment>`; `/` is in no component, and a component starts
   with a letter or digit, so no route lands on Serve's own `/-/` paths.
 
@@ -26,7 +27,9 @@ import re
 SEP = "."
 # A component: starts with a letter or digit; no separator, slash, colon or space anywhere.
 _COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,79}$")
-TENANT_SLOTS = ("canary",)  # version slots served by an application of their own
+# Version slots served by an application of their own: the canary; and a vLLM stable slot
+# (vLLM cannot hot-swap weights in the router's replica, serving.control.compile).
+TENANT_SLOTS = ("canary", "stable")
 PLATFORM = "platform"
 POOL_ROLE = "pool"
 SAMPLER_ROLE = "sampler"
@@ -57,7 +60,7 @@ def deployment_app(tenant_slug: str, deployment: str) -> str:
 
 
 def slot_app(tenant_slug: str, deployment: str, slot: str) -> str:
-    """A version slot served by its own application (the canary)."""
+    """A version slot served by its own application (the canary; a vLLM stable slot)."""
     if slot not in TENANT_SLOTS:
         raise BadName("slot", slot)
     return f"{deployment_app(tenant_slug, deployment)}{SEP}{slot}"

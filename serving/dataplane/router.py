@@ -199,6 +199,10 @@ class Router:
                     headers["x-model-version"] = str(self.groups[group].get("version", ""))
                     breaker = self._breaker(group)
                     answer, stream = await self._execute(group, payload, sampling["stream"])
+                # Which weights answered (a replica mid-rollout may still hold the old ones).
+                served = answer.get("version") if isinstance(answer, dict) else None
+                if served:
+                    headers["x-model-version"] = str(served)
                 if stream is not None:
                     events = self._sse(kind, request_id, model, breaker, answer, stream, life, slot)
                     slot.hand_to(events)

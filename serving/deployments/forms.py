@@ -25,7 +25,34 @@ AUTOSCALING = "autoscaling"
 
 class VersionChoiceField(forms.ModelChoiceField):  # type: ignore[type-arg]  # not generic at runtime
     def label_from_instance(self, obj: Any) -> str:
-        return f"{obj.model.name} · {obj.label}"
+        """The version and the engines it was validated for (it runs only on those)."""
+        engines = ", ".join(obj.engines or ["builtin"])
+        return f"{obj.model.name} · {obj.label} ({engines})"
+
+
+ENGINE_CHOICES = [("builtin", "Built-in (paged KV, per-tenant quotas)"), ("vllm", "vLLM")]
+# The vLLM knobs as form fields (serving.engine.choice names them without the prefix).
+VLLM_FIELDS = (
+    "vllm_dtype",
+    "vllm_max_model_len",
+    "vllm_max_num_seqs",
+    "vllm_cpu_kv_space_gib",
+    "vllm_gpu_memory_utilization",
+    "vllm_tensor_parallel_size",
+    "vllm_enable_prefix_caching",
+)
+
+
+def engine_from(data: dict[str, Any], name: str) -> dict[str, Any]:
+    """The engine choice the services take, from the form's engine fields."""
+    if name != "vllm":
+        return {"name": "builtin"}
+    engine: dict[str, Any] = {"name": "vllm"}
+    for field in VLLM_FIELDS:
+        value = data.get(field)
+        if value not in (None, ""):
+            engine[field.removeprefix("vllm_")] = value
+    return engine
 
 
 class DeploymentSettingsForm(forms.Form):
@@ -47,6 +74,39 @@ class DeploymentSettingsForm(forms.Form):
     max_ongoing_requests = forms.IntegerField(initial=16, label="Max ongoing requests")
     kv_blocks = forms.IntegerField(initial=256, label="KV blocks per replica")
     block_size = forms.IntegerField(initial=16, label="Tokens per KV block")
+    engine = forms.ChoiceField(
+        choices=ENGINE_CHOICES,
+        initial="builtin",
+        required=False,
+        help_text="vLLM needs a version validated for it (shown beside each version).",
+    )
+    vllm_dtype = forms.ChoiceField(
+        choices=[(d, d) for d in ("auto", "float32", "float16", "bfloat16")],
+        initial="auto",
+        required=False,
+        label="dtype",
+    )
+    vllm_max_model_len = forms.IntegerField(
+        required=False, label="Max model length", help_text="Tokens; empty: the model's own."
+    )
+    vllm_max_num_seqs = forms.IntegerField(
+        required=False, initial=16, label="Max sequences in a batch"
+    )
+    vllm_cpu_kv_space_gib = forms.FloatField(
+        required=False, initial=1.0, label="KV cache on a CPU (GiB)"
+    )
+    vllm_gpu_memory_utilization = forms.FloatField(
+        required=False,
+        initial=0.9,
+        label="GPU memory share",
+        help_text="Of the replica's GPUs (0.05-0.99).",
+    )
+    vllm_tensor_parallel_size = forms.IntegerField(
+        required=False, initial=1, label="GPUs per replica (TP)"
+    )
+    vllm_enable_prefix_caching = forms.BooleanField(
+        required=False, initial=True, label="Prefix caching"
+    )
 
     FIELDSETS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("", "scaling", ("scaling",)),  # a radio group: its own fieldset and legend
@@ -54,6 +114,8 @@ class DeploymentSettingsForm(forms.Form):
         ("Autoscaling", "autoscaling", ("min_replicas", "max_replicas", "target_ongoing_requests")),
         ("Resources", "resources", ("num_cpus", "num_gpus", "max_ongoing_requests")),
         ("KV cache", "kv", ("kv_blocks", "block_size")),
+        ("Engine", "engine", ("engine",)),
+        ("vLLM", "vllm", VLLM_FIELDS),
     )
 
     @classmethod
@@ -70,6 +132,12 @@ class DeploymentSettingsForm(forms.Form):
             "max_ongoing_requests": revision.max_ongoing_requests,
             "kv_blocks": revision.kv_blocks,
             "block_size": revision.block_size,
+            "engine": (revision.engine or {}).get("name", "builtin"),
+            **{
+                f"vllm_{knob}": plain(value)
+                for knob, value in (revision.engine or {}).items()
+                if f"vllm_{knob}" in VLLM_FIELDS
+            },
         }
 
     def fieldsets(self) -> list[tuple[str, str, list[forms.BoundField]]]:
@@ -100,6 +168,7 @@ class DeploymentSettingsForm(forms.Form):
         else:
             out["num_replicas"] = data["num_replicas"]
             out["autoscaling"] = None
+        out["engine"] = engine_from(data, data.get("engine") or "builtin")
         return out
 
     def error_field(self, field: str | None) -> str | None:
@@ -110,6 +179,8 @@ class DeploymentSettingsForm(forms.Form):
             "autoscaling.max_replicas": "max_replicas",
             "autoscaling.target_ongoing_requests": "target_ongoing_requests",
         }.get(field or "", field)
+        if field and field.startswith("engine."):  # a vLLM knob
+            field = f"vllm_{field.removeprefix('engine.')}"
         if field == "num_replicas" and self.cleaned_data.get("scaling") == AUTOSCALING:
             field = "max_replicas"  # a replicas quota counts the autoscaling maximum
         return field if field in self.fields else None
@@ -144,13 +215,25 @@ class CanaryForm(forms.Form):
         label="Canary traffic (%)",
         widget=forms.NumberInput(attrs={"min": 0, "max": 100, "step": "any"}),
     )
+    engine = forms.ChoiceField(
+        choices=[("", "Same as stable"), *ENGINE_CHOICES],
+        required=False,
+        label="Canary engine",
+        help_text="vLLM runs with its defaults here; tune it on the deployment's settings.",
+    )
 
     def __init__(self, *args: Any, versions: QuerySet[ModelVersion], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["version"].queryset = versions  # type: ignore[attr-defined]
 
+    def canary_engine(self) -> dict[str, Any] | None:
+        name = self.cleaned_data.get("engine") or ""
+        return {"name": name} if name else None
+
     def error_field(self, field: str | None) -> str | None:
         field = {"canary_version": "version", "canary_percent": "percent"}.get(field or "", field)
+        if field and field.startswith("canary_engine"):
+            field = "engine"
         return field if field in self.fields else None
 
 

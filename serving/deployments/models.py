@@ -131,7 +131,10 @@ class Deployment(TenantOwned):
         if revision.kv_mode == KvMode.SHARED and revision.pool is not None:
             return [base], [pool_app(revision.pool.name)]
         canary = [slot_app(self.tenant.slug, self.name, "canary")]
-        return [base] + (canary if revision.canary_version_id else []), []
+        own = [base] + (canary if revision.canary_version_id else [])
+        if (revision.engine or {}).get("name") == "vllm":  # serving.control.compile
+            own.insert(1, slot_app(self.tenant.slug, self.name, "stable"))
+        return own, []
 
 
 # Fields of a revision that are desired state (copied into the next revision, never edited).

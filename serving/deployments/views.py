@@ -273,6 +273,7 @@ def deployment_canary(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResp
                 deployment=deployment,
                 version_id=form.cleaned_data["version"].pk,
                 percent=form.cleaned_data["percent"],
+                engine=form.canary_engine(),
             )
         except PortalError as exc:
             form_error(form, exc)

@@ -22,6 +22,20 @@ class DescriptionForm(forms.Form):
     )
 
 
+def engines_field() -> forms.MultipleChoiceField:
+    return forms.MultipleChoiceField(
+        choices=[
+            ("builtin", "Built-in engine (Llama)"),
+            ("vllm", "vLLM (any architecture it runs)"),
+        ],
+        initial=["builtin"],
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Validate for",
+        help_text="A deployment can run the version only on the engines it was validated for.",
+    )
+
+
 class RegisterPathForm(forms.Form):
     label = forms.CharField(max_length=64)
     path = forms.CharField(
@@ -30,9 +44,11 @@ class RegisterPathForm(forms.Form):
         "*.safetensors and tokenizer.json, under the portal's allowed roots.",
     )
     sha256 = forms.CharField(max_length=64, required=False, label="Expected SHA-256 (optional)")
+    engines = engines_field()
 
 
 class UploadForm(forms.Form):
     label = forms.CharField(max_length=64)
     archive = forms.FileField(help_text="A .tar or .tar.gz of the checkpoint directory.")
     sha256 = forms.CharField(max_length=64, required=False, label="Expected SHA-256 (optional)")
+    engines = engines_field()

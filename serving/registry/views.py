@@ -141,6 +141,7 @@ def version_upload(request: HttpRequest, tenant: Tenant, pk: int) -> HttpRespons
                 model=model,
                 label=form.cleaned_data["label"],
                 sha256=form.cleaned_data["sha256"],
+                engines=form.cleaned_data.get("engines"),
                 stream=archive,
                 content_length=archive.size,
             )

@@ -177,18 +177,27 @@ def test_a_vllm_slot_runs_vllms_server_and_rolls_new_weights_out_as_new_replicas
     )
     config = compile_config([spec])
     ServeDeploySchema.model_validate(config)
-    router, canary = config["applications"]
-    local = router["args"]["local"]
-    assert local["server"] == "serving.dataplane.vllm_version:VllmCore"
-    assert local["engine"] == {**VLLM, "gpu": False}
-    assert canary["args"]["server"] == local["server"]
-    for app in (router, canary):  # a replacement starts before the replica it replaces stops
+    router, stable, canary = config["applications"]
+    assert [a["name"] for a in (router, stable, canary)] == [
+        "acme.chat", "acme.chat.stable", "acme.chat.canary"
+    ]  # fmt: skip
+    # The router is thin (it never restarts for new weights); vLLM runs in the slots' apps.
+    assert router["args"] == {} and "local" not in router["deployments"][0]["user_config"]
+    assert router["deployments"][0]["ray_actor_options"] == {"num_cpus": 0}
+    groups = router["deployments"][0]["user_config"]["groups"]
+    assert groups["stable"] == {"app": "acme.chat.stable", "version": "v1"}
+    for app in (stable, canary):
+        assert app["args"]["server"] == "serving.dataplane.vllm_version:VllmCore"
+        assert app["args"]["engine"] == {**VLLM, "gpu": False}
+        # A replacement starts before the replica it replaces drains and stops.
         assert app["deployments"][0]["max_surge_percent"] == 100
-    # vLLM cannot hot-swap: other weights (same architecture) restart its replicas, and a
-    # built-in slot's new weights still do not.
+    # vLLM cannot hot-swap: other weights (same architecture) restart the slot's replicas, and
+    # the router's do not change; a built-in slot's new weights still restart nothing.
     moved = dataclasses.replace(spec, stable=SlotSpec("v3", "/artifacts/c", "sha-c", "arch-1",
                                                       engine=VLLM))  # fmt: skip
-    assert not restart_free(config, compile_config([moved]))
+    new = compile_config([moved])
+    assert not restart_free(config, new)
+    assert new["applications"][0]["args"] == router["args"]
     builtin = compile_config([_spec()])
     assert "server" not in builtin["applications"][0]["args"]["local"]
     assert "max_surge_percent" not in builtin["applications"][0]["deployments"][0]

@@ -78,7 +78,7 @@ def test_separators_are_refused_in_every_component(bad: str) -> None:
     with pytest.raises(names.BadName):
         names.pool_app(bad)
     with pytest.raises(names.BadName):
-        names.slot_app("acme", "chat", bad or "stable")
+        names.slot_app("acme", "chat", bad or "pool")
 
 
 def _slot(version: str) -> SlotSpec:

@@ -455,3 +455,27 @@ def test_pages_of_another_tenant_are_404(
     key.refresh_from_db()
     assert key.revoked_at is None and deployment.revisions.count() == 1
     assert _deployment(world_a).deleted_at is None
+
+
+def test_the_deploy_form_shows_engines_and_deploys_on_vllm(
+    client: Any, world_a: TenantWorld
+) -> None:
+    client.force_login(world_a.owner)
+    url = _url(world_a, "serving-deployments")
+    version = _served_version(world_a)
+    page = client.get(url)
+    assert f"{version.label} (builtin)" in page.content.decode()  # the engines it may run on
+    vllm = {"engine": "vllm", "vllm_dtype": "bfloat16", "vllm_max_num_seqs": 8}
+    refused = client.post(url, _create_data(world_a, name="llm", **vllm))
+    assert "validated for builtin, not vllm" in _field_block(refused.content, "engine")
+    type(version).objects.filter(pk=version.pk).update(engines=["builtin", "vllm"])
+    bad = client.post(url, _create_data(world_a, name="llm", **{**vllm, "vllm_max_num_seqs": 0}))
+    assert "must be between" in _field_block(bad.content, "vllm_max_num_seqs")
+    made = client.post(url, _create_data(world_a, name="llm", **vllm))
+    assert made.status_code == 200 and b'data-testid="new-key"' in made.content
+    engine = Deployment.objects.get(tenant=world_a.tenant, name="llm").current_revision.engine
+    assert engine["name"] == "vllm" and engine["dtype"] == "bfloat16"
+    assert engine["max_num_seqs"] == 8
+    detail = client.get(_url(world_a, "serving-deployment",
+                             Deployment.objects.get(tenant=world_a.tenant, name="llm")))  # fmt: skip
+    assert "vLLM" in detail.content.decode() and "bfloat16, 8 seqs" in detail.content.decode()

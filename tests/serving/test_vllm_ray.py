@@ -3,7 +3,9 @@ local cluster, behind the portal's unchanged router.
 
 * A checkpoint uploaded through the API, validated for both engines, deployed through the API
   on vLLM, answers completions and chat (streaming and not) through the official `openai`
-  client with the built-in engine's greedy text, usage, finish reasons and stop sequences.
+  client with the built-in engine's greedy text, usage, finish reasons and stop sequences; a
+  second vLLM version, as a canary then promoted under traffic, replaces the replica with no
+  failed request (vLLM cannot hot-swap: Serve starts the new replica before the old drains).
 * A built-in deployment's vLLM canary failing under a drill's error burst is rolled back by
   the real worker; the built-in stable slot takes all traffic at once.
 * A shared vLLM pool: every request carries its tenant's server-derived salt as vLLM's
@@ -14,6 +16,7 @@ local cluster, behind the portal's unchanged router.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -75,14 +78,17 @@ def _upload(world: TenantWorld, directory: Path, label: str) -> ModelVersion:
     return version
 
 
-def _only(world: TenantWorld) -> None:
-    """The worlds' own built-in deployments are not part of these tests: keep Ray light."""
-    Deployment.objects.filter(tenant=world.tenant).update(deleted_at=timezone.now())
+def _only(world: TenantWorld, keep: str = "") -> None:
+    """The worlds' other deployments are not part of these tests: keep Ray light."""
+    others = Deployment.objects.filter(tenant=world.tenant, deleted_at__isnull=True)
+    others.exclude(name=keep).update(deleted_at=timezone.now())
 
 
-def test_a_vllm_deployment_answers_through_the_openai_client(
-    world_a: TenantWorld, ray_cluster: RayCluster, tmp_path: Path
+def test_a_vllm_deployment_and_pool_through_the_api(
+    world_a: TenantWorld, world_b: TenantWorld, ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
+    """One checkpoint, validated once for vLLM, served by a dedicated deployment and by a shared
+    pool (both engines load side by side; the suite pays for one validation)."""
     directory = write_tiny_checkpoint(tmp_path / "ck", seed=5, **VLLM_SHAPE)
     version = _upload(world_a, directory, "vllm-1")
     _only(world_a)
@@ -102,7 +108,9 @@ def test_a_vllm_deployment_answers_through_the_openai_client(
     assert created.status_code == 201, created.content
     assert created.json()["revision"]["engine"]["name"] == "vllm"
     key = created.json()["inference_key"]
-    _apply(ray_cluster, ["acme.llm"], timeout=240)
+    pooled = _pooled(world_a, world_b, version)
+    pool_apps = ["platform.vllm.pool", "acme.pooled", "globex.pooled"]
+    _apply(ray_cluster, ["acme.llm", "acme.llm.stable", *pool_apps], timeout=300)
     deployment = Deployment.objects.get(tenant=world_a.tenant, name="llm")
     assert deployment.status == DeploymentStatus.RUNNING, deployment.status_message
 
@@ -119,6 +127,80 @@ def test_a_vllm_deployment_answers_through_the_openai_client(
     assert window["kv"]["engine"] == "vllm"
     assert window["kv"]["vllm"]["steps"] > 0
     assert window["kv"]["tenants"][str(world_a.tenant.pk)]["prefix_queries"] > 0
+
+    _salts_keep_tenants_apart(ray_cluster, pooled, str(world_a.tenant.pk), str(world_b.tenant.pk))
+    for world in (world_a, world_b):  # the pool leaves the cluster to the rollout below
+        _only(world, keep="llm")
+    SharedPool.objects.filter(name="vllm").update(is_active=False)
+
+    # A new version in the vLLM slot: a canary (on the stable slot's engine), then its promotion
+    # under traffic. vLLM cannot hot-swap, so the promotion is a new router replica with the new
+    # weights loaded, started before the old one drains and stops: no request fails.
+    v2 = services.version_register_path(
+        tenant=world_a.tenant, actor=Actor(user=world_a.owner), model=world_a.model,
+        label="vllm-2", path=str(write_tiny_checkpoint(tmp_path / "ck2", seed=8, **VLLM_SHAPE)),
+        engines=["vllm"],
+    )  # fmt: skip
+    assert services.version_validate(tenant=world_a.tenant, version_id=v2.pk).status == "ready"
+    canary = api.post(f"/api/v1/deployments/{deployment.pk}/canary/",
+                      {"version": v2.pk, "percent": 50}, format="json")  # fmt: skip
+    assert canary.status_code == 200, canary.content
+    assert canary.json()["revision"]["canary_engine"]["name"] == "vllm"
+    _apply(ray_cluster, ["acme.llm", "acme.llm.stable", "acme.llm.canary"], timeout=240)
+    answers = Answers(f"{ray_cluster.serve_url}/acme/llm/v1/completions", key)
+    try:
+        answers.wait(lambda seen: "assistant:vllm-2" in seen, timeout=30)
+        promoted = api.post(f"/api/v1/deployments/{deployment.pk}/promote/")
+        assert promoted.status_code == 200, promoted.content
+        started, mark = time.monotonic(), len(answers.seen)
+        control.reconcile(target=ray_cluster.target)
+        answers.wait(lambda seen: seen[-30:] == ["assistant:vllm-2"] * 30, timeout=240)
+        ready_s = time.monotonic() - started
+    finally:
+        answers.close()
+    assert answers.failures == [], answers.failures[:5]
+    # The old replica kept answering (v1) while the new one started, then only v2 answered.
+    after = answers.seen[mark:]
+    assert "assistant:vllm-1" in after, after[:20]
+    last_old = max(i for i, v in enumerate(after) if v == "assistant:vllm-1")
+    assert set(after[last_old + 1 :]) == {"assistant:vllm-2"}
+    print(f"vLLM rolling replacement: the promoted version serves alone after {ready_s:.1f} s; "
+          f"{len(after)} requests meanwhile, 0 failed")  # fmt: skip
+
+
+class Answers:
+    """Steady traffic in a thread: each answer's x-model-version, and every failure."""
+
+    def __init__(self, url: str, key: str) -> None:
+        self.url, self.key = url, key
+        self.seen: list[str] = []
+        self.failures: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=120, trust_env=False) as http:
+            while not self.stop.is_set():
+                response = http.post(
+                    self.url, json={"prompt": PROMPT, "max_tokens": 2, "temperature": 0},
+                    headers={"authorization": f"Bearer {self.key}"},
+                )  # fmt: skip
+                if response.status_code == 200:
+                    self.seen.append(response.headers.get("x-model-version", ""))
+                else:
+                    self.failures.append(f"{response.status_code} {response.text[:200]}")
+
+    def wait(self, done: Callable[[list[str]], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not done(list(self.seen)):
+            assert time.monotonic() < deadline, (self.seen[-10:], self.failures[:3])
+            assert not self.failures, self.failures[:3]
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
 
 
 def _openai_answers(client: openai.OpenAI, directory: Path) -> None:
@@ -167,11 +249,8 @@ def _published(key: str, timeout: float = 15) -> dict[str, Any]:
     raise AssertionError(f"no vLLM window under {key}")
 
 
-def test_a_vllm_pool_keeps_tenants_prefix_caches_apart(
-    world_a: TenantWorld, world_b: TenantWorld, ray_cluster: RayCluster, tmp_path: Path
-) -> None:
-    directory = write_tiny_checkpoint(tmp_path / "ck", seed=6, **VLLM_SHAPE)
-    version = _upload(world_a, directory, "vllm-pool")
+def _pooled(world_a: TenantWorld, world_b: TenantWorld, version: ModelVersion) -> dict[str, str]:
+    """A shared vLLM pool serving `version` to both tenants; their inference keys."""
     pool = SharedPool.objects.create(
         name="vllm", model_version=version, num_cpus=0.5, engine=clean_engine(ENGINE)
     )
@@ -179,15 +258,21 @@ def test_a_vllm_pool_keeps_tenants_prefix_caches_apart(
     keys = {}
     for world in (world_a, world_b):
         own = world.version.pk
-        _only(world)
+        _only(world, keep="llm")
         if ModelVersion.objects.get(pk=own).status != VersionStatus.READY:
             services.version_validate(tenant=world.tenant, version_id=own)
         _, keys[world.tenant.slug] = deployments.deployment_create(
             tenant=world.tenant, actor=Actor(user=world.owner), name="pooled", version_id=own,
             settings={"kv_mode": "shared", "pool": pool.name},
         )  # fmt: skip
-    _apply(ray_cluster, ["platform.vllm.pool", "acme.pooled", "globex.pooled"], timeout=240)
-    a, b = str(world_a.tenant.pk), str(world_b.tenant.pk)
+    return keys
+
+
+def _salts_keep_tenants_apart(
+    ray_cluster: RayCluster, keys: dict[str, str], a: str, b: str
+) -> None:
+    """Each request carries its tenant's salt as vLLM's cache_salt: a tenant's repeat hits
+    vLLM's prefix cache, another tenant's identical prompt never does (vLLM's own counters)."""
     # ~360 tokens: two of vLLM's 128-token CPU blocks can be shared between requests.
     long_prompt = " ".join([PROMPT] * 12)
     with httpx.Client(timeout=60, trust_env=False) as http:

@@ -16,6 +16,8 @@ local cluster, behind the portal's unchanged router.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -164,8 +166,24 @@ def test_a_vllm_deployment_and_pool_through_the_api(
     assert "assistant:vllm-1" in after, after[:20]
     last_old = max(i for i, v in enumerate(after) if v == "assistant:vllm-1")
     assert set(after[last_old + 1 :]) == {"assistant:vllm-2"}
+    _a_crash_takes_vllms_processes_with_it(ray_cluster, "acme.llm.stable")
     print(f"vLLM rolling replacement: the promoted version serves alone after {ready_s:.1f} s; "
           f"{len(after)} requests meanwhile, 0 failed")  # fmt: skip
+
+
+def _a_crash_takes_vllms_processes_with_it(ray_cluster: RayCluster, app: str) -> None:
+    """A replica killed outright (a replica_crash drill, the OOM killer) leaves no vLLM engine
+    core or worker behind: the local head puts each worker in its own process group, which Ray
+    kills with it."""
+    import psutil
+
+    (replica,) = [r for r in ray_cluster.client().replicas(app) if r.pid and r.state == "RUNNING"]
+    children = psutil.Process(replica.pid).children(recursive=True)
+    vllm = [c for c in children if c.name().startswith("VLLM")]
+    assert len(vllm) >= 2, [c.name() for c in children]  # its engine core and worker
+    os.kill(replica.pid, signal.SIGKILL)
+    gone, alive = psutil.wait_procs(vllm, timeout=30)
+    assert not alive, [(p.pid, p.name()) for p in alive]
 
 
 class Answers:

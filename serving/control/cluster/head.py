@@ -133,6 +133,9 @@ def head_env(
         # --node-ip-address 127.0.0.1.
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
         RAY_USAGE_STATS_ENABLED="0",
+        # Each worker in its own process group, killed with it even when it crashes: a replica's
+        # own children (vLLM's engine core and workers) never outlive it.
+        RAY_process_group_cleanup_enabled="1",
         # Serve's Python API default (REST configs get theirs from the client's http_options).
         RAY_SERVE_DEFAULT_HTTP_HOST=LOOPBACK,
         PYTHONPATH=os.pathsep.join(paths),

@@ -37,8 +37,8 @@ VLLM = (
     ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
     ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
     ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
-    ("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in blocks."),
-    ("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in blocks."),
+    ("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in tokens."),
+    ("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in tokens."),
     ("vllm:num_preemptions", "counter", "Cumulative number of preemptions."),
     ("vllm:prompt_tokens", "counter", "Number of prefill tokens processed."),
     ("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
@@ -149,7 +149,10 @@ def engine_lines(
             rows[name].append(f"{name}{suffix}{labels} {_number(value)}")
     out: list[str] = []
     for name, kind, help_text in VLLM:
-        out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *rows[name]]
+        # Text format 0.0.4: the family is named as its samples are (a counter's `_total`
+        # included), or Prometheus reads the samples as untyped.
+        family = f"{name}_total" if kind == "counter" else name
+        out += [f"# HELP {family} {help_text}", f"# TYPE {family} {kind}", *rows[name]]
     return out
 
 

@@ -214,6 +214,16 @@ def test_metrics_need_the_token_and_use_dcgm_and_vllm_names(
     assert "# TYPE vllm:kv_cache_usage_perc gauge" in text
     assert 'vllm:kv_cache_usage_perc{model_name="' in text
     assert "vllm:generation_tokens_total{" in text
+    # Text format 0.0.4: every sample belongs to a family TYPE'd under its own name (a counter's
+    # `_total` included), else Prometheus reads it as untyped.
+    typed = {line.split()[2]: line.split()[3] for line in text.splitlines()
+             if line.startswith("# TYPE ")}  # fmt: skip
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = line.split("{")[0].split()[0]
+            assert name in typed, name
+    assert typed["vllm:num_preemptions_total"] == "counter"
+    assert "vllm:num_preemptions" not in typed
 
 
 def test_simulated_provider_hosts_the_published_replicas(world_a: TenantWorld) -> None:

@@ -16,11 +16,21 @@ import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
 
+def json_logs() -> bool:
+    """LOG_FORMAT=json: uvicorn's own lines as JSON objects too, and its access lines left to
+    the portal's (portal.requestctx logs one per request, with its request and trace ids)."""
+    return os.environ.get("LOG_FORMAT", "plain") == "json"
+
+
 def log_config() -> dict[str, Any]:
     config = copy.deepcopy(LOGGING_CONFIG)
     config["filters"] = {"redact_secrets": {"()": "portal.logging.RedactSecretsFilter"}}
     for handler in config["handlers"].values():
         handler["filters"] = ["redact_secrets"]
+    if json_logs():
+        config["formatters"] = {
+            name: {"()": "portal.logging.JsonFormatter"} for name in config["formatters"]
+        }
     return config
 
 
@@ -48,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         server_header=False,
         proxy_headers=True,
         log_config=log_config(),
+        access_log=not json_logs(),
         ws_max_size=ws_max_size(),
     )
 

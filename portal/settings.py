@@ -100,6 +100,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "portal.requestctx.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -378,15 +379,22 @@ ARTIFACT_LOCAL_ROOTS = [
 
 # --- Logging: secrets are scrubbed from every record ------------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
+# plain: one human line a record; json: one object a line, with request_id and trace_id.
+LOG_FORMAT = env_str("LOG_FORMAT", "plain")
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, not {LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {"redact_secrets": {"()": "portal.logging.RedactSecretsFilter"}},
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "portal.logging.JsonFormatter"},
+    },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
-            "formatter": "plain",
+            "formatter": LOG_FORMAT,
             "filters": ["redact_secrets"],
         }
     },

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+from portal import health_urls
 from serving.telemetry import metrics as metrics_views
 from tenants.views import ThrottledLoginView
 
@@ -21,6 +22,8 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include(api_v1)),
     path("healthz", include("portal.health_urls")),
+    path("livez", health_urls.livez, name="livez"),
+    path("readyz", health_urls.readyz, name="readyz"),
     path("metrics", metrics_views.metrics, name="metrics"),
     path("", include("tenants.urls")),
     path("", include("serving.urls")),

@@ -24,6 +24,7 @@ app.conf.task_queues = [
 ]
 # Each room keeps its tasks beside its services; Celery imports every room's `tasks` module.
 TASK_PACKAGES = (
+    "portal",
     "tenants",
     "serving.registry",
     "serving.deployments",
@@ -52,7 +53,7 @@ def task(
     re-queued if the worker dies, so a killed worker never loses their work.
     """
     app_label, _, verb = name.partition(".")
-    if app_label not in ("tenants", "serving", "incidents") or not verb.isidentifier():
+    if app_label not in ("portal", "tenants", "serving", "incidents") or not verb.isidentifier():
         raise ValueError(f"task name {name!r} must read '<app>.<verb>'")
     if queue not in QUEUES:
         raise ValueError(f"unknown queue {queue!r}; declare it in portal.celery.QUEUES")

@@ -175,7 +175,7 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_EXPIRES = 3600
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULER = "portal.beat:PortalScheduler"  # django-celery-beat's, with a heartbeat
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULE = {
     "invitations-expire": {
@@ -205,6 +205,16 @@ CELERY_BEAT_SCHEDULE = {
     "notifications-sweep": {
         "task": "incidents.sweep_notifications",
         "schedule": 60.0,
+    },
+    # One heartbeat per queue, run by that queue's workers (portal.heartbeats).
+    **{
+        f"heartbeat-{queue}": {
+            "task": "portal.heartbeat",
+            "schedule": 10.0,
+            "args": (queue,),
+            "options": {"queue": queue, "expires": 10.0},
+        }
+        for queue in ("default", "health", "chaos", "validation")
     },
 }
 

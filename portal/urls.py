@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from portal import health_urls
+from portal import health_urls, status_views
 from serving.telemetry import metrics as metrics_views
 from tenants.views import ThrottledLoginView
 
@@ -24,6 +24,7 @@ urlpatterns = [
     path("healthz", include("portal.health_urls")),
     path("livez", health_urls.livez, name="livez"),
     path("readyz", health_urls.readyz, name="readyz"),
+    path("platform/status/", status_views.platform_status, name="platform-status"),
     path("metrics", metrics_views.metrics, name="metrics"),
     path("", include("tenants.urls")),
     path("", include("serving.urls")),

@@ -33,6 +33,34 @@ def pool_unit(name: str) -> str:
     return f"pool:{name}"
 
 
+FOREIGN = "foreign:"
+
+
+def foreign_unit(app: str) -> str:
+    """Another owner's application on the same Serve instance, carried as Serve reports it."""
+    return f"{FOREIGN}{app}"
+
+
+def foreign_declarative(details: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Applications the portal does not own that were deployed declaratively (Serve's REST
+    API), with the config they were deployed with. A declarative PUT deletes every
+    declarative application it does not name, so the portal's PUT names these, unchanged;
+    imperative ones (`serve.run`) Serve leaves alone."""
+    from serving.control.names import BadName, parse_app
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, raw in (details.get("applications") or {}).items():
+        try:
+            parse_app(str(name))
+            continue  # the portal's
+        except BadName:
+            pass
+        config = raw.get("deployed_app_config") if isinstance(raw, dict) else None
+        if str(raw.get("source", "")).lower() == "declarative" and isinstance(config, dict):
+            out[str(name)] = config
+    return out
+
+
 @dataclass
 class Unit:
     order: str  # sort key: GPU samplers, then pools, then deployments by application name
@@ -60,13 +88,19 @@ class Plan:
             self.refused[key] = f"{type(exc).__name__}: {exc}"[:2000]
 
     def config(self, units: dict[str, Unit]) -> dict[str, Any]:
-        applications = [app for _, unit in sorted(units.items(), key=_order) for app in unit.apps]
-        return assemble(
+        ordered = sorted(units.items(), key=_order)
+        applications = [app for key, u in ordered if not key.startswith(FOREIGN) for app in u.apps]
+        config = assemble(
             applications,
             http_host=self.http_host,
             http_port=self.http_port,
             runtime_env=self.runtime_env,
         )
+        # Another owner's applications go back exactly as Serve reported them: no restart.
+        config["applications"] += [
+            app for key, u in ordered if key.startswith(FOREIGN) for app in u.apps
+        ]
+        return config
 
 
 def _order(item: tuple[str, Unit]) -> tuple[str, str]:

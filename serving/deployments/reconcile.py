@@ -86,8 +86,10 @@ def reconcile(
             planned, revisions = plan(target, client)
             run.config_digest = plan_digest(planned)
             applied = isolate.units_from_json(lock.applied_config)
-            running = {name for name in client.applications()}
             have = {app["name"] for unit in applied.values() for app in unit.apps}
+            # Imperative applications of other owners (`serve.run`) are not the portal's to
+            # apply: Serve leaves them be, and their presence changes nothing here.
+            running = {name for name in client.applications() if _ours(name) or name in have}
             if not force and lock.last_digest == run.config_digest and running == have and applied:
                 run.skipped = True
                 run.applications = len(have)
@@ -118,6 +120,16 @@ def reconcile(
 
 
 REFUSED = "REFUSED"
+
+
+def _ours(app: str) -> bool:
+    from serving.control.names import BadName, parse_app
+
+    try:
+        parse_app(app)
+    except BadName:
+        return False
+    return True
 
 
 def _record_outcome(outcome: isolate.Outcome, revisions: dict[str, int], now: Any) -> None:

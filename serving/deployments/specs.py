@@ -226,7 +226,10 @@ def plan(
         http_host=str(http.get("host", "127.0.0.1")), http_port=int(http.get("port", 8001))
     )
     telemetry = _telemetry()
-    gpu = gpu_nodes_spec(client or target.serve_client())
+    client = client or target.serve_client()
+    for name, config in sorted(isolate.foreign_declarative(client.details()).items()):
+        result.add(isolate.foreign_unit(name), f"9:{name}", functools.partial(list, [config]))
+    gpu = gpu_nodes_spec(client)
     if gpu is not None and gpu.nodes:
         result.add(isolate.GPU_UNIT, "0", lambda: gpu_nodes_apps(gpu, telemetry))
     known: set[str] = set()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.utils import timezone
 
 from serving.control import isolate
 from serving.deployments import reconcile as control
@@ -121,3 +122,49 @@ def test_colliding_names_and_a_refused_spec_block_no_one(
         control.refresh_status(client=ray_cluster.client())
         hostile.refresh_from_db()
         assert hostile.status != DeploymentStatus.FAILED, hostile.status_message
+
+
+def test_another_owners_applications_survive_every_reconcile(
+    world_a: TenantWorld, ray_cluster: RayCluster
+) -> None:
+    """The portal shares its Serve instance: an application it does not own, deployed through
+    Serve's REST API beside the portal's, stays (same replica, no restart) through the portal's
+    reconciles, which name it back unchanged; the portal's own changes still apply."""
+    Deployment.objects.exclude(tenant=world_a.tenant).update(deleted_at=timezone.now())
+    _apply(ray_cluster, ["acme.assistant"], timeout=180)
+    client = ray_cluster.client()
+    # Another team's PUT: everything that runs, plus its own app.
+    details = client.details()
+    running = [app["deployed_app_config"] for app in details["applications"].values()]
+    foreign = {
+        "name": "team-x", "route_prefix": "/team-x",
+        "import_path": "tests.serving.serve_echo_app:app",
+        "runtime_env": {"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}},
+        "deployments": [{"name": "Echo", "user_config": {"value": "theirs"},
+                         "ray_actor_options": {"num_cpus": 0.1}}],
+    }  # fmt: skip
+    client.put({"applications": [*running, foreign]})
+    client.wait_until(["team-x"], timeout=120)
+    pid = {r.pid for r in client.replicas("team-x")}
+    # A portal change: a new key (user_config) and a new deployment (a new application).
+    deployment = _served(world_a)
+    _key(world_a, deployment)
+    v1 = deployment.current_revision.stable_version_id
+    deployments.deployment_create(
+        tenant=world_a.tenant, actor=Actor(user=world_a.owner), name="second", version_id=v1,
+        settings={"num_cpus": 0.25},
+    )  # fmt: skip
+    run = control.reconcile(target=ray_cluster.target)
+    assert run.ok and not run.skipped, run.error
+    client.wait_until(["acme.second", "team-x"], timeout=120)
+    assert {r.pid for r in client.replicas("team-x")} == pid  # not restarted
+    with httpx.Client(timeout=30, trust_env=False) as http:
+        assert http.get(f"{ray_cluster.serve_url}/team-x").json()["value"] == "theirs"
+    # Nothing changed: the next reconcile is skipped, the foreign app counted as applied.
+    assert control.reconcile(target=ray_cluster.target).skipped
+    # The portal's deployments go; the other owner's app stays.
+    Deployment.objects.update(deleted_at=timezone.now())
+    control.reconcile(target=ray_cluster.target)
+    client.wait_until(["acme.assistant", "acme.second"], ["ABSENT"], timeout=120)
+    assert "team-x" in client.applications()
+    client.put({"applications": []})  # the other team's cleanup

@@ -208,6 +208,7 @@ class Answers:
                     self.seen.append(response.headers.get("x-model-version", ""))
                 else:
                     self.failures.append(f"{response.status_code} {response.text[:200]}")
+                time.sleep(0.02)  # steady, not a flood: the new replica loads on the same 2 cores
 
     def wait(self, done: Callable[[list[str]], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -53,8 +54,8 @@ def test_readyz_checks_the_broker_and_ray_too(
     assert down.json()["checks"]["ray"] != "ok" and down.json()["checks"]["database"] == "ok"
     # A broker that does not answer.
     monkeypatch.setenv("PORTAL_RAY", "off")
-    monkeypatch.setattr(app.conf, "broker_url", "redis://127.0.0.1:1/0")
-    monkeypatch.setattr(app.conf, "broker_write_url", None, raising=False)
+    dead = functools.partial(app.connection_for_write, "redis://127.0.0.1:1/0")
+    monkeypatch.setattr(app, "connection_for_write", dead)
     broken = client.get("/readyz")
     assert broken.status_code == 503 and broken.json()["checks"]["broker"] != "ok"
 

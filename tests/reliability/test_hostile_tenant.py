@@ -6,7 +6,7 @@ drill a tenant may start (and the ones it may not), webhook targets of every ref
 oversized and expanding uploads, chat templates that try to escape Jinja's sandbox or loop (the
 version fails validation), a shared pool it was never granted, vLLM knobs beyond its share (KV
 memory, a GPU's memory, tensor parallel GPUs) and a cache salt of its own, a deployment bigger
-than the cluster, many tenants per user, a hammered control API. Asserted: the neighbour sees 0 failed requests, its deployment changes
+than the cluster, a request id that would forge log lines, many tenants per user, a hammered control API. Asserted: the neighbour sees 0 failed requests, its deployment changes
 still apply, its p99 latency rises by at most NEIGHBOUR_P99_FACTOR (the measured factor is printed), and every hostile action got a clear
 4xx whose body names the field."""
 
@@ -341,6 +341,13 @@ def test_a_hostile_tenant_cannot_break_slow_starve_or_reach_its_neighbour(
         salted = http.post(hostile_url, headers={"authorization": f"Bearer {hostile_key}"},
                            json={"prompt": PROMPT, "max_tokens": 1, "cache_salt": "globex"})  # fmt: skip
     refused.expect("a request choosing its own cache salt", salted, 400, "cache_salt")
+    # A request id that would forge log lines (LOG_FORMAT=json carries it on every line):
+    # replaced by one of the portal's, never echoed.
+    forged = 'x"\n{"level": "CRITICAL", "message": "globex is down"}'
+    answered = api.get("/api/v1/deployments/", HTTP_X_REQUEST_ID=forged)
+    assert answered.status_code == 200 and answered["X-Request-ID"] != forged
+    assert answered["X-Request-ID"].isalnum()
+    refused.rows.append(("a request id that forges log lines", "replaced", "X-Request-ID"))
 
     # --- the whole cluster, or more: refused at admission, not left pending for ever -------------
     for name, value in ray_cluster.portal_env().items():

@@ -184,19 +184,23 @@ def worker_factory(tmp_path: Path, ray_cluster: RayCluster) -> Iterator[Callable
 
 
 class Traffic:
-    """Steady client traffic through the Serve proxy, counting answers per group."""
+    """Steady client traffic through the Serve proxy, counting answers per group; with
+    `pause_s`, paced rather than back to back. `versions` lists each 200's X-Model-Version
+    (the weights that answered), `failures` every other answer."""
 
-    def __init__(self, url: str, key: str) -> None:
-        self.url, self.key = url, key
+    def __init__(self, url: str, key: str, *, pause_s: float = 0.0, timeout: float = 30) -> None:
+        self.url, self.key, self.pause_s, self.timeout = url, key, pause_s, timeout
         self.groups: Counter[str] = Counter()
         self.statuses: Counter[int] = Counter()
         self.last_groups: list[str] = []
+        self.versions: list[str] = []
+        self.failures: list[str] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        with httpx.Client(timeout=30, trust_env=False) as http:
+        with httpx.Client(timeout=self.timeout, trust_env=False) as http:
             while not self.stop.is_set():
                 response = http.post(
                     self.url, json={"prompt": PROMPT, "max_tokens": 1, "temperature": 0},
@@ -206,6 +210,20 @@ class Traffic:
                 group = response.headers.get("x-ab-group", "?")
                 self.groups[group] += 1
                 self.last_groups = [*self.last_groups[-49:], group]
+                if response.status_code == 200:
+                    self.versions.append(response.headers.get("x-model-version", ""))
+                else:
+                    self.failures.append(f"{response.status_code} {response.text[:200]}")
+                if self.pause_s:
+                    self.stop.wait(self.pause_s)
+
+    def wait(self, done: Callable[[list[str]], bool], timeout: float) -> None:
+        """Until `done(versions)`; a failed answer meanwhile fails at once."""
+        deadline = time.monotonic() + timeout
+        while not done(list(self.versions)):
+            assert not self.failures, self.failures[:3]
+            assert time.monotonic() < deadline, (self.versions[-10:], self.failures[:3])
+            time.sleep(0.2)
 
     def close(self) -> None:
         self.stop.set()

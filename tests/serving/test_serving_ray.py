@@ -243,20 +243,30 @@ def test_deploy_infer_canary_reload_delete(
     assert deployment.status == DeploymentStatus.DELETED
 
 
+def published_window(app: str, group: str, need: Any, timeout: float = 15) -> dict[str, Any]:
+    """The first SLI window a replica of `app`'s `group` published to Redis that satisfies
+    `need` (polled until `timeout`)."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    key = f"{settings.SLI_KEY_PREFIX}:sli:{app}:{group}"
+    deadline = time.monotonic() + timeout
+    seen: list[Any] = []
+    while time.monotonic() < deadline:
+        seen = [json.loads(raw) for raw in client.hgetall(key).values()]
+        for window in seen:
+            if need(window):
+                return dict(window)
+        time.sleep(0.3)
+    raise AssertionError(f"no window under {key} matched: {[w.get('kv') for w in seen]}")
+
+
 def _pool_stats(pool_app: str, tenant_ids: list[str], need: Any, timeout: float = 15) -> Any:
     """The shared pool's per-tenant KV stats, as its replica publishes them to Redis."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    key = f"{settings.SLI_KEY_PREFIX}:sli:{pool_app}:pool"
-    deadline = time.monotonic() + timeout
-    stats: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        for raw in client.hgetall(key).values():
-            tenants = json.loads(raw)["kv"].get("tenants", {})
-            stats = {t: tenants.get(t, {}) for t in tenant_ids}
-            if need(stats):
-                return stats
-        time.sleep(0.3)
-    raise AssertionError(f"pool stats never matched: {stats}")
+
+    def tenants(window: dict[str, Any]) -> dict[str, Any]:
+        mine = window.get("kv", {}).get("tenants", {})
+        return {t: mine.get(t, {}) for t in tenant_ids}
+
+    return tenants(published_window(pool_app, "pool", lambda w: need(tenants(w)), timeout))
 
 
 def test_shared_pool_keeps_tenants_prefixes_and_blocks_apart(

@@ -15,10 +15,8 @@ local cluster, behind the portal's unchanged router.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,8 +25,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import redis
-from django.conf import settings
 from django.utils import timezone
 
 from portal.exceptions import ValidationFailed
@@ -53,7 +49,7 @@ from tests.serving.test_ops_ray import (  # noqa: F401 (worker_factory: a fixtur
     wait_running,
     worker_factory,
 )
-from tests.serving.test_serving_ray import _apply, _greedy, _pool_stats
+from tests.serving.test_serving_ray import _apply, _greedy, _pool_stats, published_window
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db]
 
@@ -125,7 +121,9 @@ def test_a_vllm_deployment_and_pool_through_the_api(
 
     # The SLI window the health tick reads comes from the vLLM replica: requests, TTFT, and
     # its KV snapshot from vLLM's own stats.
-    window = _published(f"{settings.SLI_KEY_PREFIX}:sli:acme.llm:stable")
+    window = published_window(
+        "acme.llm", "stable", lambda w: w.get("kv", {}).get("vllm", {}).get("steps")
+    )
     assert window["kv"]["engine"] == "vllm"
     assert window["kv"]["vllm"]["steps"] > 0
     assert window["kv"]["tenants"][str(world_a.tenant.pk)]["prefix_queries"] > 0
@@ -149,12 +147,14 @@ def test_a_vllm_deployment_and_pool_through_the_api(
     assert canary.status_code == 200, canary.content
     assert canary.json()["revision"]["canary_engine"]["name"] == "vllm"
     _apply(ray_cluster, ["acme.llm", "acme.llm.stable", "acme.llm.canary"], timeout=240)
-    answers = Answers(f"{ray_cluster.serve_url}/acme/llm/v1/completions", key)
+    # Steady, not a flood: the new replica loads on the same 2 cores.
+    answers = Traffic(f"{ray_cluster.serve_url}/acme/llm/v1/completions", key, pause_s=0.02,
+                      timeout=120)  # fmt: skip
     try:
         answers.wait(lambda seen: "assistant:vllm-2" in seen, timeout=30)
         promoted = api.post(f"/api/v1/deployments/{deployment.pk}/promote/")
         assert promoted.status_code == 200, promoted.content
-        started, mark = time.monotonic(), len(answers.seen)
+        started, mark = time.monotonic(), len(answers.versions)
         control.reconcile(target=ray_cluster.target)
         answers.wait(lambda seen: seen[-30:] == ["assistant:vllm-2"] * 30, timeout=240)
         ready_s = time.monotonic() - started
@@ -162,7 +162,7 @@ def test_a_vllm_deployment_and_pool_through_the_api(
         answers.close()
     assert answers.failures == [], answers.failures[:5]
     # The old replica kept answering (v1) while the new one started, then only v2 answered.
-    after = answers.seen[mark:]
+    after = answers.versions[mark:]
     assert "assistant:vllm-1" in after, after[:20]
     last_old = max(i for i, v in enumerate(after) if v == "assistant:vllm-1")
     assert set(after[last_old + 1 :]) == {"assistant:vllm-2"}
@@ -184,42 +184,6 @@ def _a_crash_takes_vllms_processes_with_it(ray_cluster: RayCluster, app: str) ->
     os.kill(replica.pid, signal.SIGKILL)
     gone, alive = psutil.wait_procs(vllm, timeout=30)
     assert not alive, [(p.pid, p.name()) for p in alive]
-
-
-class Answers:
-    """Steady traffic in a thread: each answer's x-model-version, and every failure."""
-
-    def __init__(self, url: str, key: str) -> None:
-        self.url, self.key = url, key
-        self.seen: list[str] = []
-        self.failures: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=120, trust_env=False) as http:
-            while not self.stop.is_set():
-                response = http.post(
-                    self.url, json={"prompt": PROMPT, "max_tokens": 2, "temperature": 0},
-                    headers={"authorization": f"Bearer {self.key}"},
-                )  # fmt: skip
-                if response.status_code == 200:
-                    self.seen.append(response.headers.get("x-model-version", ""))
-                else:
-                    self.failures.append(f"{response.status_code} {response.text[:200]}")
-                time.sleep(0.02)  # steady, not a flood: the new replica loads on the same 2 cores
-
-    def wait(self, done: Callable[[list[str]], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not done(list(self.seen)):
-            assert time.monotonic() < deadline, (self.seen[-10:], self.failures[:3])
-            assert not self.failures, self.failures[:3]
-            time.sleep(0.2)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=60)
 
 
 def _openai_answers(client: openai.OpenAI, directory: Path) -> None:
@@ -253,19 +217,6 @@ def _openai_answers(client: openai.OpenAI, directory: Path) -> None:
     assert text == chat.choices[0].message.content
     with pytest.raises(openai.BadRequestError, match="logprobs is not supported"):
         client.completions.create(model="llm", prompt=PROMPT, max_tokens=2, logprobs=2)
-
-
-def _published(key: str, timeout: float = 15) -> dict[str, Any]:
-    """The newest SLI window a replica published under `key` with requests in it."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for raw in client.hgetall(key).values():
-            window = json.loads(raw)
-            if window.get("kv", {}).get("vllm", {}).get("steps"):
-                return dict(window)
-        time.sleep(0.3)
-    raise AssertionError(f"no vLLM window under {key}")
 
 
 def _pooled(world_a: TenantWorld, world_b: TenantWorld, version: ModelVersion) -> dict[str, str]:
@@ -322,19 +273,14 @@ def _salts_keep_tenants_apart(
         assert engine_b["prefix_cache_hits"] == engine_a["prefix_cache_hits"]
 
 
-def _engine_counters(need: Any = None, timeout: float = 15) -> dict[str, Any]:
+def _engine_counters(need: Any = None) -> dict[str, Any]:
     """vLLM's own engine-wide prefix-cache counters, as the pool's replica publishes them."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    key = f"{settings.SLI_KEY_PREFIX}:sli:platform.vllm.pool:pool"
-    deadline = time.monotonic() + timeout
-    counters: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        for raw in client.hgetall(key).values():
-            counters = json.loads(raw)["kv"].get("vllm") or {}
-            if counters and (need is None or need(counters)):
-                return counters
-        time.sleep(0.3)
-    raise AssertionError(f"vLLM's counters never matched: {counters}")
+
+    def matches(window: dict[str, Any]) -> bool:
+        counters = window.get("kv", {}).get("vllm") or {}
+        return bool(counters) and (need is None or need(counters))
+
+    return dict(published_window("platform.vllm.pool", "pool", matches)["kv"]["vllm"])
 
 
 @pytest.mark.slow

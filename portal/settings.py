@@ -386,6 +386,35 @@ ARTIFACT_LOCAL_ROOTS = [
         "ARTIFACT_LOCAL_ROOTS", [] if PRODUCTION else [str(DATA_DIR), tempfile.gettempdir()]
     )
 ]
+# How replicas get a version's files (serving.registry.delivery): `path` reads them where the
+# portal has them (one host, or a filesystem every Ray node mounts); `portal` fetches a tar from
+# the portal by a signed URL that expires (PORTAL_INTERNAL_URL: the portal as Ray nodes reach
+# it); `s3` from S3-compatible storage (ARTIFACT_S3_*; credentials from the environment, the
+# portal's to upload, each node's to read). Fetched files are checksummed and cached per node.
+# Default: `path` with the portal's own local head, `portal` against an existing cluster.
+ARTIFACT_DELIVERY = env_str(
+    "ARTIFACT_DELIVERY",
+    "portal" if env_str("RAY_ADDRESS") or env_str("RAY_DASHBOARD_URL") else "path",
+)
+if ARTIFACT_DELIVERY not in ("path", "portal", "s3"):
+    raise ImproperlyConfigured(
+        f"ARTIFACT_DELIVERY must be path, portal or s3, not {ARTIFACT_DELIVERY!r}"
+    )
+PORTAL_INTERNAL_URL = env_str("PORTAL_INTERNAL_URL").rstrip("/")
+# A signed URL stays the same for this long and is valid at least this long after (a periodic
+# reconcile renews it: only user_config changes, no replica restarts).
+ARTIFACT_URL_TTL_S = env_int("ARTIFACT_URL_TTL_S", 6 * 3600)
+ARTIFACT_S3_BUCKET = env_str("ARTIFACT_S3_BUCKET")
+ARTIFACT_S3_PREFIX = env_str("ARTIFACT_S3_PREFIX", "portal-artifacts/")
+ARTIFACT_S3_ENDPOINT_URL = env_str("ARTIFACT_S3_ENDPOINT_URL")
+ARTIFACT_S3_REGION = env_str("ARTIFACT_S3_REGION", "us-east-1")
+if ARTIFACT_DELIVERY == "s3" and not ARTIFACT_S3_BUCKET:
+    raise ImproperlyConfigured("ARTIFACT_DELIVERY=s3 needs ARTIFACT_S3_BUCKET")
+if ARTIFACT_DELIVERY == "portal":  # signed URLs are renewed by a reconcile (user_config only)
+    CELERY_BEAT_SCHEDULE["artifact-urls-renew"] = {
+        "task": "serving.reconcile",
+        "schedule": max(60.0, ARTIFACT_URL_TTL_S / 4),
+    }
 
 # --- Logging: secrets are scrubbed from every record ------------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO")

@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from portal import health_urls, status_views
+from serving.registry import views as registry_views
 from serving.telemetry import metrics as metrics_views
 from tenants.views import ThrottledLoginView
 
@@ -26,6 +27,12 @@ urlpatterns = [
     path("readyz", health_urls.readyz, name="readyz"),
     path("platform/status/", status_views.platform_status, name="platform-status"),
     path("metrics", metrics_views.metrics, name="metrics"),
+    # Replicas on any Ray node fetch a version's files here, by a URL the portal signed.
+    path(
+        "artifacts/v1/<int:version_id>/<str:sha256>.tar",
+        registry_views.artifact_download,
+        name="artifact-download",
+    ),
     path("", include("tenants.urls")),
     path("", include("serving.urls")),
     path("", include("incidents.urls")),

@@ -129,12 +129,16 @@ def _serve_apps_removed_after_ray_tests(request: pytest.FixtureRequest) -> Itera
     yield
     if "ray_cluster" not in request.fixturenames:
         return
-    cluster: RayCluster = request.getfixturevalue("ray_cluster")
+    remove_apps(request.getfixturevalue("ray_cluster"))
+
+
+def remove_apps(cluster: RayCluster) -> None:
+    """Delete every Serve application of the cluster and wait until they are gone."""
     client = cluster.client()
     names = list(client.applications())
     if names:
         client.put({
-            "proxy_location": "HeadOnly",
+            "proxy_location": cluster.target.proxy_location,
             "http_options": dict(cluster.target.serve_http_options),
             "applications": [],
         })  # fmt: skip

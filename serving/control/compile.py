@@ -6,26 +6,25 @@ Per portal deployment, one or two Serve applications:
   guard, breaker. A dedicated deployment's stable slot runs inside the router's replicas
   (init arg `local`, user_config `local`), so stable traffic pays no extra actor hop; the
   router's replicas are the stable slot's (count or autoscaling, CPUs/GPUs);
-* `<slug>.<deployment>.canary`: the canary's version server without an HTTP route, reached by
-  handle;
+* `<slug>.<deployment>.canary`: the canary's version server, reached by handle (no route);
 * `<slug>.<deployment>.stable`: a vLLM stable slot's server (serving.engine.vllm). vLLM cannot
   hot-swap weights, so they are its init args: a new version rolls its replicas, each new one
   started before the one it replaces drains and stops (`max_surge_percent`), while the thin
   router in front never restarts and keeps answering (a promoted canary's last calls are
   retired to the stable slot).
 
-A version slot's user_config says which weights (artifact, fingerprint), the tenant's cache
-salt and block quota, and its faults. A shared deployment's router stays a thin router in
-front of the pool's application (`platform.<pool>.pool`), holding the tenant's share of the
-pool's request slots; the pool's user_config gives every tenant its fair share
-(`fair_share()`). A router whose tenant is suspended, or no longer allowed on its pool,
-answers 403 to everything (user_config: no restart either way). Every name comes from
-`serving.control.names`, whose scheme cannot collide whatever the tenants' names.
+A version slot's user_config says which weights (artifact, where a node fetches them from,
+fingerprint), the tenant's cache salt and block quota, and its faults. A shared deployment's
+router stays a thin router in front of the pool's application (`platform.<pool>.pool`),
+holding the tenant's share of the pool's request slots; the pool's user_config gives every
+tenant its fair share (`fair_share()`). A router whose tenant is suspended, or no longer
+allowed on its pool, answers 403 to everything (user_config: no restart either way). Every
+name comes from `serving.control.names`, whose scheme cannot collide whatever the tenants'
+names.
 
-Everything a rollout or rollback changes lives in user_config, so Serve reconfigures live
-replicas instead of restarting them. Only replica shape (count, CPUs/GPUs, engine sizes,
-architecture) changes deployment options or init args, which Serve rolls out with new
-replicas. The output is deterministic: same desired state, byte-identical config.
+Everything a rollout or rollback changes lives in user_config (Serve reconfigures live
+replicas); only replica shape (count, CPUs/GPUs, engine sizes, architecture) changes options
+or init args, which Serve rolls out with new replicas. Same desired state, same bytes.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ from serving.control.specs import (
     DeploymentSpec,
     FairShare,
     GpuNodesSpec,
+    Placement,
     PoolSpec,
     PoolTenant,
     SlotSpec,
@@ -56,6 +56,7 @@ __all__ = [
     "DeploymentSpec",
     "FairShare",
     "GpuNodesSpec",
+    "Placement",
     "PoolSpec",
     "PoolTenant",
     "SlotSpec",
@@ -109,6 +110,10 @@ def _engine_args(
     }
 
 
+def _source(slot: SlotSpec) -> dict[str, Any]:
+    return {"source": dict(slot.source)} if slot.source else {}
+
+
 def _arch_key(slot: SlotSpec) -> str:
     """What forces new replicas: the architecture; for vLLM also the weights (no hot reload)."""
     return f"{slot.arch_key}:{slot.fingerprint[:16]}" if slot.is_vllm else slot.arch_key
@@ -138,6 +143,7 @@ def _version_user_config(
     return {
         "version": slot.version,
         "artifact": slot.artifact,
+        **_source(slot),
         "fingerprint": slot.fingerprint,
         "kv_mode": spec.kv_mode,
         "tenants": {
@@ -206,6 +212,7 @@ def _pool_app(pool: PoolSpec, telemetry: dict[str, Any]) -> dict[str, Any]:
                 "user_config": {
                     "version": pool.slot.version,
                     "artifact": pool.slot.artifact,
+                    **_source(pool.slot),
                     "fingerprint": pool.slot.fingerprint,
                     "kv_mode": "shared",
                     "tenants": {
@@ -332,15 +339,17 @@ def assemble(
     http_host: str = "127.0.0.1",
     http_port: int = 8001,
     runtime_env: dict[str, Any] | None = None,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
     """The declarative config around compiled applications (each gets the runtime env)."""
+    placement = placement or Placement()
     out = []
     for app in applications:
         env = dict(runtime_env or {})
         env["env_vars"] = {**SAME_LOOP_ENV, **env.get("env_vars", {})}
-        out.append({**app, "runtime_env": env})
+        out.append(placement.place({**app, "runtime_env": env}))
     return {
-        "proxy_location": "HeadOnly",
+        "proxy_location": placement.proxy_location,
         "http_options": {"host": http_host, "port": http_port},
         "applications": out,
     }
@@ -355,6 +364,7 @@ def compile_config(
     telemetry: dict[str, Any] | None = None,
     runtime_env: dict[str, Any] | None = None,
     gpu_nodes: GpuNodesSpec | None = None,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
     """The whole Serve config: every active deployment, sorted by application name; with
     `gpu_nodes`, the GPU samplers' application first."""
@@ -367,7 +377,13 @@ def compile_config(
         if spec.pool is not None and spec.pool not in known_pools:
             raise ValueError(f"{spec.app_name}: shared pool {spec.pool!r} is not configured")
         applications += deployment_apps(spec, telemetry)
-    return assemble(applications, http_host=http_host, http_port=http_port, runtime_env=runtime_env)
+    return assemble(
+        applications,
+        http_host=http_host,
+        http_port=http_port,
+        runtime_env=runtime_env,
+        placement=placement,
+    )
 
 
 def restart_free(old: dict[str, Any], new: dict[str, Any]) -> bool:

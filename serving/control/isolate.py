@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from serving.control.compile import assemble
+from serving.control.compile import Placement, assemble
 from serving.control.serve_api import ServeApiClient, ServeApiError
 
 GPU_UNIT = "gpu-nodes"
@@ -79,6 +79,7 @@ class Plan:
     http_host: str = "127.0.0.1"
     http_port: int = 8001
     runtime_env: dict[str, Any] | None = None
+    placement: Placement = field(default_factory=Placement)
 
     def add(self, key: str, order: str, build: Callable[[], list[dict[str, Any]]]) -> None:
         """Compile one unit; a unit that cannot be compiled is refused, not raised."""
@@ -95,6 +96,7 @@ class Plan:
             http_host=self.http_host,
             http_port=self.http_port,
             runtime_env=self.runtime_env,
+            placement=self.placement,
         )
         # Another owner's applications go back exactly as Serve reported them: no restart.
         config["applications"] += [

@@ -33,6 +33,8 @@ class SlotSpec:
     arch_key: str
     # serving.engine.choice: {"name": "builtin"} or vLLM with its knobs
     engine: dict[str, Any] = field(default_factory=lambda: {"name": "builtin"})
+    # Where replicas fetch the files from (serving.dataplane.fetch); None: `artifact` in place.
+    source: dict[str, Any] | None = None
 
     @property
     def is_vllm(self) -> bool:
@@ -146,3 +148,21 @@ class DeploymentSpec:
     @property
     def route_prefix(self) -> str:
         return names.route_prefix(self.tenant_slug, self.name)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where Serve runs proxies, and the resources every tenant replica asks for (RayTarget)."""
+
+    proxy_location: str = "EveryNode"
+    replica_resources: dict[str, float] = field(default_factory=dict)
+
+    def place(self, app: dict[str, Any]) -> dict[str, Any]:
+        if not self.replica_resources or app["name"] == names.GPU_NODES_APP:
+            return app  # the GPU samplers go to every GPU node, whatever it advertises
+        deployments = []
+        for deployment in app["deployments"]:
+            options = dict(deployment.get("ray_actor_options") or {})
+            options["resources"] = {**options.get("resources", {}), **self.replica_resources}
+            deployments.append({**deployment, "ray_actor_options": options})
+        return {**app, "deployments": deployments}

@@ -8,7 +8,6 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from ray import serve
@@ -46,6 +45,7 @@ class VersionCore:
         self._reload_key: tuple[Any, ...] | None = None  # weight_swap_jitter's, last seen
         self._probe_identities: set[str] = set()  # kv_pollution_probe tenants seen here
         self._departed: set[str] = set()  # tenants taken off this version, blocks to give back
+        self.fetched: dict[str, Any] = {}  # how the loaded weights reached this node
 
     def _published(self) -> dict[str, Any]:
         """Once a second: the SLI window for Redis, after giving back what a departed probe
@@ -62,6 +62,7 @@ class VersionCore:
             **metrics,
             "fault_leaked_mb": round(self.chaos.leaked_mb, 1),
             "fault_reload": reload,
+            "artifact_fetch": self.fetched,
         }
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
@@ -178,6 +179,7 @@ class VersionCore:
                 "ok": True,
                 "at": started,
                 "s": round(time.time() - started, 4),
+                "fetch": self.fetched,
                 **drill,
             }
         )
@@ -185,10 +187,12 @@ class VersionCore:
             del self.reloads[:-50]
 
     def _build_model(self, config: dict[str, Any]) -> tuple[Any, Any, Any]:
+        from serving.dataplane.fetch import local_artifact
         from serving.engine.checkpoint import load_for_serving
 
+        directory, self.fetched = local_artifact(config)
         return load_for_serving(
-            Path(config["artifact"]),
+            directory,
             gpu=bool(self.engine_options.get("gpu")),
             fingerprint=config.get("fingerprint") or config["artifact"],
         )

@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from ray import serve
 
+from serving.dataplane.fetch import local_artifact
 from serving.dataplane.version import VersionCore
 
 logger = logging.getLogger("ray.serve")
@@ -44,7 +44,7 @@ class VllmCore(VersionCore):
         from serving.engine.checkpoint import load_tokenizer
         from serving.engine.vllm.runtime import VllmEngine
 
-        path = Path(config["artifact"])
+        path, fetched = await asyncio.to_thread(local_artifact, config)
         tokenizer = await asyncio.to_thread(load_tokenizer, path)
         template = await asyncio.to_thread(chat.load, path)
         # Built on the replica's event loop: AsyncLLM binds its output handler to it.
@@ -58,8 +58,15 @@ class VllmCore(VersionCore):
         }
         self.recorder.version = str(config.get("version", ""))
         self.reloads.append(
-            {"artifact": config["artifact"], "ok": True, "at": started, "s": _since(started)}
+            {
+                "artifact": config["artifact"],
+                "ok": True,
+                "at": started,
+                "s": _since(started),
+                "fetch": fetched,
+            }
         )
+        self.fetched = fetched
         logger.info("vLLM loaded %s in %.1f s", path, time.time() - started)
 
     def _forget_departed_probes(self) -> None:

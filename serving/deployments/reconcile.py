@@ -41,9 +41,11 @@ from serving.deployments.specs import (
     gpu_node_count,
     gpu_nodes_changed,
     gpu_nodes_spec,
+    live_versions,
     plan,
     plan_digest,
 )
+from serving.registry import delivery
 
 __all__ = [
     "DRIFT_GRACE_S",
@@ -78,6 +80,9 @@ def reconcile(
     started = time.monotonic()
     run = ReconcileRun.objects.create()
     try:
+        # Files replicas fetch from object storage are there before Serve is told of them
+        # (serving.registry.delivery; nothing to do for path or portal delivery).
+        delivery.publish(live_versions())
         with transaction.atomic():
             # The one lock row, created by whichever reconcile comes first (ON CONFLICT DO
             # NOTHING: two first reconciles at once log no unique-violation error).

@@ -19,6 +19,7 @@ from serving.control.cluster import RayTarget
 from serving.control.compile import (
     DeploymentSpec,
     GpuNodesSpec,
+    Placement,
     PoolSpec,
     PoolTenant,
     SlotSpec,
@@ -33,7 +34,7 @@ from serving.control.serve_api import AppInfo, ServeApiClient
 from serving.deployments.keys import cache_salt_hex, probe_key_hashes
 from serving.deployments.models import Deployment, DeploymentRevision, KvMode, SharedPool
 from serving.deployments.selectors import pool_share
-from serving.registry import artifacts
+from serving.registry import delivery
 from serving.registry.models import ModelVersion
 from tenants.models import Quota
 
@@ -45,7 +46,8 @@ def _slot(version: ModelVersion, engine: dict[str, Any] | None = None) -> SlotSp
     )
     return SlotSpec(
         version=f"{version.model.name}:{version.label}",
-        artifact=str(artifacts.local_directory(version.artifact_uri)),
+        artifact=delivery.artifact_ref(version),
+        source=delivery.source(version),
         fingerprint=version.sha256,
         arch_key=hashlib.sha256(shape.encode()).hexdigest()[:16],
         engine=dict(engine or {"name": "builtin"}),
@@ -198,6 +200,25 @@ def gpu_nodes_spec(client: ServeApiClient) -> GpuNodesSpec | None:
     )
 
 
+def live_versions() -> list[ModelVersion]:
+    """The versions some live deployment or shared pool runs: what replicas may fetch."""
+    live = Deployment.objects.filter(deleted_at__isnull=True, current_revision__isnull=False)
+    ids = {
+        pk
+        for pair in live.values_list(
+            "current_revision__stable_version_id", "current_revision__canary_version_id"
+        )
+        for pk in pair
+        if pk is not None
+    }
+    ids |= set(SharedPool.objects.values_list("model_version_id", flat=True))
+    return list(ModelVersion.objects.filter(pk__in=ids).order_by("pk"))
+
+
+def placement(target: RayTarget) -> Placement:
+    return Placement(target.proxy_location, dict(target.replica_resources))
+
+
 def compiled_config(
     target: RayTarget, client: ServeApiClient | None = None
 ) -> tuple[dict[str, Any], list[int]]:
@@ -210,6 +231,7 @@ def compiled_config(
         http_port=int(http.get("port", 8001)),
         telemetry=_telemetry(),
         gpu_nodes=gpu_nodes_spec(client or target.serve_client()),
+        placement=placement(target),
     )
     return config, revision_ids
 
@@ -223,7 +245,9 @@ def plan(
     specs, pools, revision_ids = desired_state()
     http = dict(target.serve_http_options) or {"host": "127.0.0.1", "port": 8001}
     result = isolate.Plan(
-        http_host=str(http.get("host", "127.0.0.1")), http_port=int(http.get("port", 8001))
+        http_host=str(http.get("host", "127.0.0.1")),
+        http_port=int(http.get("port", 8001)),
+        placement=placement(target),
     )
     telemetry = _telemetry()
     client = client or target.serve_client()
@@ -272,7 +296,12 @@ def digest(config: dict[str, Any]) -> str:
 def plan_digest(planned: isolate.Plan) -> str:
     units = {key: unit.as_json() for key, unit in planned.units.items()}
     return digest(
-        {"units": units, "refused": planned.refused, "http": [planned.http_host, planned.http_port]}
+        {
+            "units": units,
+            "refused": planned.refused,
+            "http": [planned.http_host, planned.http_port],
+            "placement": [planned.placement.proxy_location, planned.placement.replica_resources],
+        }
     )
 
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from portal.exceptions import PortalError
-from serving.registry import forms, selectors, services
+from serving.registry import artifacts, delivery, forms, selectors, services
 from serving.registry.models import Model
 from tenants import selectors as tenant_selectors
 from tenants.models import Scope, Tenant
@@ -178,3 +181,43 @@ def version_delete(request: HttpRequest, tenant: Tenant, pk: int, version_pk: in
     else:
         messages.success(request, f"Deleted version {version.label}.")
     return redirect("serving-model", slug=tenant.slug, pk=model.pk)
+
+
+def _refused(status: int, code: str, message: str) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message}}, status=status)
+
+
+async def _async_chunks(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """The same chunks for an ASGI server, one file read at a time off the event loop (Django
+    would otherwise read a sync iterator whole into memory before sending it)."""
+    read = sync_to_async(next, thread_sensitive=False)
+    while (chunk := await read(chunks, None)) is not None:
+        yield chunk
+
+
+@require_GET
+def artifact_download(request: HttpRequest, version_id: int, sha256: str) -> HttpResponse:
+    """A version's files as a tar, for replicas on any Ray node (ARTIFACT_DELIVERY=portal).
+    Only a URL the portal signed (serving.registry.delivery.signed_url) opens it: no session,
+    no tenant token, no way to name another version than the one signed."""
+    why = delivery.check_signature(
+        version_id, sha256, request.GET.get("exp", ""), request.GET.get("sig", "")
+    )
+    if why:
+        return _refused(403, "forbidden", f"This artifact URL is refused: {why}.")
+    version = delivery.servable(version_id, sha256)
+    if version is None:
+        return _refused(404, "not_found", "No ready version has this checksum any more.")
+    try:
+        entries = delivery.tar_entries(artifacts.local_directory(version.artifact_uri))
+    except (artifacts.ArtifactRejected, OSError) as exc:
+        return _refused(410, "gone", f"The version's files cannot be read: {exc}")
+    chunks = delivery.stream_tar(entries)
+    response = StreamingHttpResponse(
+        _async_chunks(chunks) if isinstance(request, ASGIRequest) else chunks,
+        content_type="application/x-tar",
+    )
+    response["Content-Length"] = str(delivery.tar_size(entries))
+    response["X-Artifact-Sha256"] = sha256
+    response["Cache-Control"] = "private, no-store"
+    return response

@@ -7,7 +7,15 @@ import dataclasses
 
 from ray.serve.schema import ServeDeploySchema
 
-from serving.control.compile import DeploymentSpec, SlotSpec, compile_config, restart_free
+from serving.control.compile import (
+    GPU_NODES_APP,
+    DeploymentSpec,
+    GpuNodesSpec,
+    Placement,
+    SlotSpec,
+    compile_config,
+    restart_free,
+)
 
 STABLE = SlotSpec("v1", "/artifacts/a", "sha-a", "arch-1")
 CANARY = SlotSpec("v2", "/artifacts/b", "sha-b", "arch-1")
@@ -209,3 +217,31 @@ def test_a_builtin_stable_may_have_a_vllm_canary() -> None:
     assert "server" not in router["args"]["local"]
     assert canary["args"]["server"] == "serving.dataplane.vllm_version:VllmCore"
     assert canary["args"]["engine"]["name"] == "vllm"
+
+
+def test_placement_and_where_replicas_fetch_their_weights() -> None:
+    source = {"via": "portal", "url": "http://portal/a.tar?sig=x", "sha256": "a" * 64, "bytes": 9}
+    fetched = dataclasses.replace(STABLE, artifact="store://tenant-7/x", source=source)
+    placed = Placement("EveryNode", {"portal-worker": 0.001})
+    config = compile_config(
+        [_spec(stable=fetched)], gpu_nodes=GpuNodesSpec(nodes=2, hz=5), placement=placed
+    )
+    ServeDeploySchema.model_validate(config)
+    assert config["proxy_location"] == "EveryNode"
+    apps = {a["name"]: a for a in config["applications"]}
+    for name in ("acme.chat", "acme.chat.canary"):  # every tenant replica asks for it ...
+        for deployment in apps[name]["deployments"]:
+            assert deployment["ray_actor_options"]["resources"] == {"portal-worker": 0.001}
+    for deployment in apps[GPU_NODES_APP]["deployments"]:  # ... the GPU samplers do not
+        assert "portal-worker" not in deployment.get("ray_actor_options", {}).get("resources", {})
+    local = apps["acme.chat"]["deployments"][0]["user_config"]["local"]
+    assert (local["artifact"], local["source"]) == ("store://tenant-7/x", source)
+    canary = apps["acme.chat.canary"]["deployments"][0]["user_config"]
+    assert "source" not in canary  # read in place (ARTIFACT_DELIVERY=path)
+    # A renewed URL changes user_config only: live replicas are reconfigured, none restarts.
+    renewed = dataclasses.replace(fetched, source={**source, "url": "http://portal/a.tar?sig=y"})
+    again = compile_config(
+        [_spec(stable=renewed)], gpu_nodes=GpuNodesSpec(nodes=2, hz=5), placement=placed
+    )
+    assert again != config and restart_free(config, again)
+    assert compile_config([_spec()])["proxy_location"] == "EveryNode"

@@ -6,7 +6,8 @@ drill a tenant may start (and the ones it may not), webhook targets of every ref
 oversized and expanding uploads, chat templates that try to escape Jinja's sandbox or loop (the
 version fails validation), a shared pool it was never granted, vLLM knobs beyond its share (KV
 memory, a GPU's memory, tensor parallel GPUs) and a cache salt of its own, a deployment bigger
-than the cluster, a request id that would forge log lines, many tenants per user, a hammered control API. Asserted: the neighbour sees 0 failed requests, its deployment changes
+than the cluster, a request id that would forge log lines, another tenant's weights
+through the artifact route, many tenants per user, a hammered control API. Asserted: the neighbour sees 0 failed requests, its deployment changes
 still apply, its p99 latency rises by at most NEIGHBOUR_P99_FACTOR (the measured factor is printed), and every hostile action got a clear
 4xx whose body names the field."""
 
@@ -36,6 +37,7 @@ from serving.deployments import services as deployments
 from serving.deployments.capacity import CACHE_KEY
 from serving.deployments.models import Deployment, DeploymentStatus, SharedPool
 from serving.engine.testing import write_tiny_checkpoint
+from serving.registry import delivery
 from tenants.actors import Actor
 from tenants.models import Quota
 from tests.conftest import TenantWorld
@@ -348,6 +350,19 @@ def test_a_hostile_tenant_cannot_break_slow_starve_or_reach_its_neighbour(
     assert answered.status_code == 200 and answered["X-Request-ID"] != forged
     assert answered["X-Request-ID"].isalnum()
     refused.rows.append(("a request id that forges log lines", "replaced", "X-Request-ID"))
+    # Another tenant's weights through the route replicas fetch artifacts from: only a URL the
+    # portal signed opens it, and a signature names one version.
+    settings.PORTAL_INTERNAL_URL = "http://portal.internal"
+    theirs = _served(world_b).current_revision.stable_version
+    path = delivery.url_path(theirs.pk, theirs.sha256)
+    refused.expect("another tenant's weights, unsigned", api.get(path), 403, "signature")
+    mine = delivery.signed_url(v2).split("?")[1]
+    refused.expect(
+        "another tenant's weights, with its own version's signature",
+        api.get(f"{path}?{mine}"),
+        403,
+        "signature",
+    )
 
     # --- the whole cluster, or more: refused at admission, not left pending for ever -------------
     for name, value in ray_cluster.portal_env().items():

@@ -119,7 +119,26 @@ def test_ray_address_names_an_existing_cluster() -> None:
         "http://10.1.2.3:9000",
         "s3cret",
     )
-    assert target.serve_http_options == {"port": 9000}
+    # A remote cluster's proxies listen on every address (one bound to loopback on another
+    # host answers no one), unless PORTAL_RAY_SERVE_HOST says otherwise; a proxy per node.
+    assert target.serve_http_options == {"port": 9000, "host": "0.0.0.0"}  # noqa: S104
+    assert (target.proxy_location, dict(target.replica_resources)) == ("EveryNode", {})
+    chosen = ray_target_from_env({
+        **env, "PORTAL_RAY_SERVE_HOST": "10.1.2.3", "PORTAL_RAY_PROXY_LOCATION": "HeadOnly",
+        "PORTAL_RAY_REPLICA_RESOURCES": '{"portal-worker": 0.001}',
+    })  # fmt: skip
+    assert chosen.serve_http_options == {"port": 9000, "host": "10.1.2.3"}
+    assert chosen.proxy_location == "HeadOnly"
+    assert dict(chosen.replica_resources) == {"portal-worker": 0.001}
+    for name, value, why in [
+        ("PORTAL_RAY_PROXY_LOCATION", "Everywhere", "must be one of EveryNode"),
+        ("PORTAL_RAY_REPLICA_RESOURCES", "{not json", "is not JSON"),
+        ("PORTAL_RAY_REPLICA_RESOURCES", '{"w": -1}', "positive amounts"),
+        ("PORTAL_RAY_REPLICA_RESOURCES", '["w"]', "JSON object"),
+        ("PORTAL_RAY_REPLICA_RESOURCES", '{"CPU": 1}', "custom resources only"),
+    ]:
+        with pytest.raises(ClusterConfigError, match=why):
+            ray_target_from_env({**env, name: value})
     with pytest.raises(ClusterConfigError, match="RAY_AUTH_TOKEN"):
         ray_target_from_env({k: v for k, v in env.items() if k != "RAY_AUTH_TOKEN"})
     with pytest.raises(ClusterConfigError, match="PORTAL_RAY_GCS_PORT"):

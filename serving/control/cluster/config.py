@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import secrets
 import tempfile
@@ -143,6 +144,13 @@ class RayTarget:
     # RAY_CLUSTER_AUTOSCALES=1: the cluster adds nodes for demands it cannot place, so the
     # portal admits what does not fit now (and says it waits for the autoscaler).
     autoscales: bool = False
+    # Where Serve runs its HTTP proxies (read by Serve only when it starts on the cluster):
+    # EveryNode (a proxy on each node with replicas: inference does not funnel through the
+    # head), HeadOnly, or Disabled (handles only).
+    proxy_location: str = "EveryNode"
+    # Ray resources every tenant replica asks for (a small amount of a custom resource the
+    # worker nodes advertise keeps them off the head: `ray start --resources`).
+    replica_resources: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def managed(self) -> bool:
@@ -152,7 +160,10 @@ class RayTarget:
         return ServeApiClient.from_target(self, timeout=timeout)
 
 
-def local_target(config: LocalHeadConfig) -> RayTarget:
+PROXY_LOCATIONS = ("EveryNode", "HeadOnly", "Disabled")
+
+
+def local_target(config: LocalHeadConfig, env: Mapping[str, str] | None = None) -> RayTarget:
     """The target for a portal-managed head; creates its token on first use."""
     return RayTarget(
         address=config.gcs_address,
@@ -161,7 +172,38 @@ def local_target(config: LocalHeadConfig) -> RayTarget:
         token=ensure_token(config.token_path),
         local_head=config,
         serve_http_options={"host": LOOPBACK, "port": config.serve_port},
+        **_placement(os.environ if env is None else env),
     )
+
+
+def _placement(env: Mapping[str, str]) -> dict[str, Any]:
+    """PORTAL_RAY_PROXY_LOCATION and PORTAL_RAY_REPLICA_RESOURCES (a JSON object of resource
+    names to amounts), checked."""
+    location = env.get("PORTAL_RAY_PROXY_LOCATION", "").strip() or "EveryNode"
+    if location not in PROXY_LOCATIONS:
+        raise ClusterConfigError(
+            f"PORTAL_RAY_PROXY_LOCATION must be one of {', '.join(PROXY_LOCATIONS)}, "
+            f"got {location!r}"
+        )
+    raw = env.get("PORTAL_RAY_REPLICA_RESOURCES", "").strip()
+    try:
+        resources = json.loads(raw) if raw else {}
+    except ValueError as exc:
+        raise ClusterConfigError(f"PORTAL_RAY_REPLICA_RESOURCES is not JSON: {exc}") from None
+    if not isinstance(resources, dict) or not all(
+        isinstance(k, str) and k and type(v) in (int, float) and 0 < v <= 1_000_000
+        for k, v in resources.items()
+    ):
+        raise ClusterConfigError(
+            "PORTAL_RAY_REPLICA_RESOURCES must be a JSON object of resource names to positive "
+            'amounts, for example {"portal-worker": 0.001}'
+        )
+    if {"CPU", "GPU", "memory"} & set(resources):
+        raise ClusterConfigError(
+            "PORTAL_RAY_REPLICA_RESOURCES names custom resources only: CPUs, GPUs and memory "
+            "come from each deployment's own settings"
+        )
+    return {"proxy_location": location, "replica_resources": resources}
 
 
 def ray_target_from_env(environ: Mapping[str, str] | None = None) -> RayTarget:
@@ -201,7 +243,7 @@ def ray_target_from_env(environ: Mapping[str, str] | None = None) -> RayTarget:
         * 1000,
         temp_dir_override=Path(temp_override).resolve() if temp_override else None,
     )
-    return local_target(config)
+    return local_target(config, env)
 
 
 def _existing_target(address: str, env: Mapping[str, str]) -> RayTarget:
@@ -228,9 +270,11 @@ def _existing_target(address: str, env: Mapping[str, str]) -> RayTarget:
     if serve.scheme not in ("http", "https") or not serve.hostname:
         raise ClusterConfigError(f"RAY_SERVE_URL must be an http(s) URL, got {serve_url!r}")
     http_options: dict[str, Any] = {"port": serve.port or (443 if serve.scheme == "https" else 80)}
+    # The proxies' bind address: loopback only when the portal reaches Serve on loopback
+    # (a proxy bound to 127.0.0.1 on a remote node answers no one).
     serve_host = env.get("PORTAL_RAY_SERVE_HOST", "").strip()
-    if serve_host:
-        http_options["host"] = serve_host
+    loopback = serve.hostname in ("localhost", "127.0.0.1", "::1")
+    http_options["host"] = serve_host or (LOOPBACK if loopback else "0.0.0.0")  # noqa: S104
     autoscales = env.get("RAY_CLUSTER_AUTOSCALES", "").strip().lower()
     if autoscales not in ("", "0", "1", "true", "false", "yes", "no"):
         raise ClusterConfigError(f"RAY_CLUSTER_AUTOSCALES must be 0 or 1, got {autoscales!r}")
@@ -241,6 +285,7 @@ def _existing_target(address: str, env: Mapping[str, str]) -> RayTarget:
         token=token,
         serve_http_options=http_options,
         autoscales=autoscales in ("1", "true", "yes"),
+        **_placement(env),
     )
 
 

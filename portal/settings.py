@@ -101,6 +101,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "portal.requestctx.RequestContextMiddleware",
+    "portal.tracing.TracingMiddleware",  # a span per request when OTLP is configured
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -174,3 +174,59 @@ def loopback_only(addresses: set[str]) -> bool:
         if not ip.is_loopback:
             return False
     return bool(addresses)
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP trace receiver on loopback: what the replicas export, decoded."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        self.spans: list[dict[str, Any]] = []
+        received = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                export = ExportTraceServiceRequest.FromString(body)
+                for resource in export.resource_spans:
+                    service = next(
+                        (a.value.string_value for a in resource.resource.attributes
+                         if a.key == "service.name"), "",
+                    )  # fmt: skip
+                    for scope in resource.scope_spans:
+                        for span in scope.spans:
+                            received.spans.append({
+                                "name": span.name, "service": service,
+                                "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
+                                "parent": span.parent_span_id.hex(),
+                            })  # fmt: skip
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        self.url = f"http://{LOOPBACK}:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def trace(self, trace_id: str, names: set[str], timeout: float = 30) -> dict[str, Any]:
+        """The spans of `trace_id` by name, once all of `names` arrived."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = {s["name"]: s for s in self.spans if s["trace_id"] == trace_id}
+            if names <= set(found):
+                return found
+            time.sleep(0.2)
+        raise AssertionError(f"spans of {trace_id}: {sorted(found)}, wanted {sorted(names)}")
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -17,7 +17,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serving.dataplane import openai
+from serving.dataplane import openai, tracing
 from serving.dataplane.breaker import BreakerConfig, CircuitBreaker
 from serving.dataplane.faults import InjectedFault
 from serving.dataplane.guard import GuardConfig, Refused, check_lengths, parse_body
@@ -33,7 +33,7 @@ from serving.dataplane.lifecycle import (
     RecentRequests,
 )
 from serving.dataplane.publisher import Publisher, app_name, replica_id
-from serving.dataplane.traffic import choose_group, continue_trace
+from serving.dataplane.traffic import TraceContext, choose_group, continue_trace
 from serving.dataplane.version import VersionCore
 
 LOCAL_SERVER = "serving.dataplane.version:VersionCore"
@@ -54,6 +54,7 @@ class Router:
 
     def __init__(self, local: dict[str, Any] | None = None) -> None:
         self.local: VersionCore | None = None
+        tracing.configure()
         if local:
             core = import_object(str(local.get("server") or LOCAL_SERVER))
             self.local = core(
@@ -128,9 +129,30 @@ class Router:
         return self.breakers[f"{info.get('app')}@{info.get('version')}"]
 
     async def __call__(self, request: Request) -> Response:
+        """One request, in the router's span (a stream's ends with its last event)."""
+        span = tracing.router_span(
+            request.headers.get("traceparent"),
+            {"portal.app": app_name(), "http.request.method": request.method},
+        )
+        try:
+            response = await self._serve(request, span)
+        except BaseException:
+            tracing.finish(span, 500)
+            raise
+        status = response.status_code
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = tracing.ending(response.body_iterator, span, status)
+        else:
+            tracing.finish(span, status)
+        return response
+
+    async def _serve(self, request: Request, span: Any) -> Response:
         root = request.scope.get("root_path", "")
         path = request.url.path[len(root) :] if request.url.path.startswith(root) else ""
-        trace = continue_trace(request.headers.get("traceparent"))
+        # With tracing on, the response's traceparent is the router span's: one trace end to end.
+        recorded = tracing.ids(span)
+        client_trace = request.headers.get("traceparent")
+        trace = TraceContext(*recorded) if recorded else continue_trace(client_trace)
         # Serve's proxy assigns x-request-id and echoes it in the response itself. A client's
         # own id is kept only when short: the version keys sequences by (tenant, id).
         request_id = request.headers.get("x-request-id") or ""
@@ -182,7 +204,7 @@ class Router:
                 "messages": openai.messages_of(body) if kind == "chat" else None,
                 "sampling": sampling,
                 "guard": self.config.get("guard") or {},
-                "traceparent": trace.child().header,
+                "traceparent": tracing.header(span) or trace.child().header,
             }
             life.to(EXECUTING)
             model = str(self.config.get("deployment", "model"))

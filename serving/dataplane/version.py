@@ -12,6 +12,8 @@ from typing import Any
 
 from ray import serve
 
+from serving.dataplane import tracing
+from serving.dataplane.engine_calls import engine_refusal, forget_tenant
 from serving.dataplane.faults import FaultInjector
 from serving.dataplane.guard import GuardConfig, Refused, check_lengths
 from serving.dataplane.openai import first_stop
@@ -28,6 +30,7 @@ class VersionCore:
 
     def __init__(self, app: str, group: str, engine: dict[str, Any], arch_key: str = "") -> None:
         self.app, self.group = app, group
+        tracing.configure()  # spans over OTLP when the portal passed an endpoint
         self.engine_options = engine
         self.arch_key = arch_key  # changes only with the architecture: forces new replicas
         self.engine: Any = None
@@ -116,14 +119,14 @@ class VersionCore:
             return
         for tenant in sorted(self._departed):
             self.engine.drop_tenant(tenant)  # its requests still here end now, refused
-            if _forget_tenant(self.engine, tenant):
+            if forget_tenant(self.engine, tenant):
                 self._departed.discard(tenant)
         if not self._probe_identities:
             return
         probe = self.chaos.active().kv_pollution_probe
         current = probe.identity if probe is not None else None
         for identity in sorted(self._probe_identities - {current}):
-            if _forget_tenant(self.engine, identity):
+            if forget_tenant(self.engine, identity):
                 self._probe_identities.discard(identity)
 
     async def _load(self, config: dict[str, Any], forced: tuple[Any, ...] | None = None) -> None:
@@ -219,7 +222,8 @@ class VersionCore:
         prompt_ids = self.tokenizer.encode(prompt).ids
         sampling = request["sampling"]
         guard = GuardConfig.from_dict(request.get("guard"))
-        ok, first_at, times, out_ids = False, None, [], []
+        ok, first_at, times, out_ids, queued = False, None, [], [], None
+        submitted: float | None = None
         refused: Refused | None = None
         cancelled = False
         stream: Any = None
@@ -236,6 +240,7 @@ class VersionCore:
             # Queued before the first event, so a refusal (a request id this tenant already
             # runs, a quota changed meanwhile) is the answer's status, not a broken stream.
             stream = self._submit(prompt_ids, params, tenant, str(request["request_id"]), salt)
+            submitted = time.time()
             yield {
                 "type": "start",
                 "prompt_tokens": len(prompt_ids),
@@ -252,6 +257,7 @@ class VersionCore:
                     out_ids.append(event.token_id)
                     times.append(event.at)
                     first_at = first_at or event.at
+                    queued = queued if queued is not None else getattr(event, "queued_s", None)
                 full = self.tokenizer.decode(out_ids)
                 if full.endswith("\ufffd") and not event.finished:
                     continue
@@ -301,12 +307,33 @@ class VersionCore:
                 tokens_in=len(prompt_ids),
                 tokens_out=len(out_ids),
             )
+            tracing.version_spans(
+                request,
+                self._span_attributes(tenant, len(prompt_ids), len(out_ids)),
+                started=started,
+                submitted=submitted,
+                queued_s=queued,
+                first_at=first_at,
+                last_at=times[-1] if times else None,
+                ended=time.time(),
+                error=None if ok or cancelled else (refused.code if refused else "failed"),
+            )
+
+    def _span_attributes(self, tenant: str, tokens_in: int, tokens_out: int) -> dict[str, Any]:
+        return {
+            "portal.app": self.app,
+            "portal.group": self.group,
+            "portal.tenant": tenant,
+            "portal.version": str(self.loaded.get("version", "")),
+            "gen_ai.usage.input_tokens": tokens_in,
+            "gen_ai.usage.output_tokens": tokens_out,
+        }
 
     def _check_admissible(self, prompt_tokens: int, max_tokens: int, tenant: str) -> None:
         try:
             self.engine.check_admissible(prompt_tokens, max_tokens, tenant)
         except Exception as exc:
-            refusal = _engine_refusal(exc)
+            refusal = engine_refusal(exc)
             if refusal is None:
                 raise
             raise refusal from exc
@@ -319,7 +346,7 @@ class VersionCore:
                 prompt_ids, params, tenant=tenant, request_id=request_id, cache_salt=salt
             )
         except Exception as exc:
-            refusal = _engine_refusal(exc)
+            refusal = engine_refusal(exc)
             if refusal is None:
                 raise
             raise refusal from exc
@@ -361,35 +388,3 @@ class VersionCore:
 @serve.deployment(name="version")
 class VersionServer(VersionCore):
     """A version slot as its own Serve deployment, reached through a deployment handle."""
-
-
-def _forget_tenant(engine: Any, tenant: str) -> bool:
-    """Give back every cached KV block of `tenant` (its quota set to 0, each allocation
-    recycles one of its own cached blocks, which is then released as free), then drop its
-    counters once it holds no block. True when nothing of it is left."""
-    # Under the engine thread's lock: the pool is only ever touched between two steps.
-    with engine._lock:
-        pool = engine.engine.pool
-        if tenant not in pool.stats:
-            return True
-        pool.quotas[tenant] = 0
-        while (block := pool.allocate(tenant)) is not None:
-            pool.release([block])
-        if pool.stats[tenant].blocks_used > 0:  # its last requests still run
-            return False
-        del pool.stats[tenant]
-        pool.quotas.pop(tenant, None)
-        return True
-
-
-def _engine_refusal(exc: Exception) -> Refused | None:
-    """The client's answer for what the engine refuses; None: the version's own failure."""
-    from serving.engine.engine import DuplicateRequest, EngineFull
-
-    if isinstance(exc, EngineFull):
-        return Refused(429, "kv_quota_exceeded", str(exc))
-    if isinstance(exc, DuplicateRequest):
-        return Refused(409, "duplicate_request_id", f"{exc}: choose another x-request-id")
-    if isinstance(exc, ValueError):
-        return Refused(400, "context_length_exceeded", str(exc))
-    return None

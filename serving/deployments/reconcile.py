@@ -19,6 +19,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from portal import tracing
 from portal.statelog import state_changed
 from serving.control import isolate
 from serving.control.capacity import ClusterCapacity
@@ -69,6 +70,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+@tracing.traced("reconcile")
 def reconcile(
     *, target: RayTarget | None = None, client: ServeApiClient | None = None, force: bool = False
 ) -> ReconcileRun:
@@ -121,6 +123,8 @@ def reconcile(
         run.finished_at = timezone.now()
         run.duration_ms = (time.monotonic() - started) * 1000
         run.save()
+        summary = {"run": run.pk, "ok": run.ok, "skipped": run.skipped}
+        tracing.annotate(**{f"portal.reconcile.{k}": v for k, v in summary.items()})
     return run
 
 

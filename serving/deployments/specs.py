@@ -14,6 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from portal import tracing
 from serving.control import isolate
 from serving.control.cluster import RayTarget
 from serving.control.compile import (
@@ -248,6 +249,8 @@ def plan(
         http_host=str(http.get("host", "127.0.0.1")),
         http_port=int(http.get("port", 8001)),
         placement=placement(target),
+        # The portal's OTLP settings, for the replicas' spans (portal.tracing).
+        runtime_env={"env_vars": tracing.dataplane_env()} if tracing.enabled() else None,
     )
     telemetry = _telemetry()
     client = client or target.serve_client()
@@ -301,6 +304,7 @@ def plan_digest(planned: isolate.Plan) -> str:
             "refused": planned.refused,
             "http": [planned.http_host, planned.http_port],
             "placement": [planned.placement.proxy_location, planned.placement.replica_resources],
+            "runtime_env": planned.runtime_env,
         }
     )
 

@@ -28,6 +28,7 @@ class TokenEvent:
     finished: bool
     finish_reason: str | None
     at: float
+    queued_s: float | None = None  # on the first token: submitted until first scheduled
 
 
 class EngineFailed(Exception):
@@ -100,7 +101,9 @@ class AsyncEngine:
                     for out in outputs:
                         self._deliver(
                             out.key,
-                            TokenEvent(out.token_id, out.finished, out.finish_reason, now),
+                            TokenEvent(
+                                out.token_id, out.finished, out.finish_reason, now, out.queued_s
+                            ),
                         )
             if not busy:
                 self._wake.wait(0.05)

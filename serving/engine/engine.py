@@ -193,6 +193,9 @@ class Engine(Scheduler):
     def step(self) -> list[StepOutput]:
         prefills, decodes = self._schedule()
         self.running.extend(prefills)
+        scheduled = time.monotonic()
+        for seq in prefills:
+            seq.scheduled_at = seq.scheduled_at or scheduled
         batch_seqs = prefills + decodes
         if not batch_seqs:
             return []
@@ -220,12 +223,16 @@ class Engine(Scheduler):
                     token = self._sample(seq, logits[row])
                 seq.output_ids.append(token)
                 seq.token_times.append(now)
+                queued = None
                 if seq.first_token_at is None:
                     seq.first_token_at = now
+                    queued = (seq.scheduled_at or now) - seq.arrival
                 reason = self._stop_reason(seq, token)
                 if reason is not None:
                     self._finish(seq, reason)
-                outputs.append(StepOutput(seq.id, token, reason is not None, reason, seq.tenant))
+                outputs.append(
+                    StepOutput(seq.id, token, reason is not None, reason, seq.tenant, queued)
+                )
         return outputs
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:

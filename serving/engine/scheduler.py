@@ -54,6 +54,7 @@ class Sequence:
     last_hash: bytes | None = None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (first admission)
     first_token_at: float | None = None
+    scheduled_at: float | None = None  # first admitted into a batch (its queue time ends)
     token_times: list[float] = field(default_factory=list)
     finished_at: float | None = None
     finish_reason: str | None = None
@@ -82,6 +83,7 @@ class StepOutput:
     finished: bool
     finish_reason: str | None
     tenant: str = "default"
+    queued_s: float | None = None  # on a sequence's first token: arrival until scheduled
 
     @property
     def key(self) -> tuple[str, str]:

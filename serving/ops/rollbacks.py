@@ -17,6 +17,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from portal import tracing
 from portal.exceptions import ConflictError
 from portal.statelog import state_changed
 from serving.deployments import services as deployments
@@ -70,6 +71,7 @@ def rollback_target(
     return _previous_stable(current)
 
 
+@tracing.traced("rollback.request")
 def rollback_request(
     *,
     tenant: Tenant,
@@ -201,6 +203,7 @@ def _apply() -> None:
     reconcile()
 
 
+@tracing.traced("rollback")
 def rollback_execute(*, rollback_id: int) -> Rollback | None:
     """Run (or resume) one rollback: write the revision once, apply it to Serve, finish."""
     with transaction.atomic():

@@ -2,7 +2,9 @@
 portal's files (tests.ray_nodes). A deployment's replicas land on the second node (the
 replica resources its operator gives worker nodes), fetch their version's files from the
 portal by a signed URL (ARTIFACT_DELIVERY=portal), checksum and cache them on the node, and
-answer through the head's proxy and through the node's own (proxy_location EveryNode)."""
+answer through the head's proxy and through the node's own (proxy_location EveryNode). With
+the portal's OTLP settings handed on, the replica exports one inference's spans (router ->
+version -> queue, prefill, decode) continuing the client's traceparent."""
 
 from __future__ import annotations
 
@@ -19,11 +21,15 @@ from serving.deployments.models import Deployment, DeploymentStatus
 from serving.engine.checkpoint import directory_sha256
 from serving.registry import delivery
 from tests.ray_cluster import RayCluster, remove_apps
-from tests.ray_nodes import listeners, loopback_only, second_node, sees
+from tests.ray_nodes import OtlpReceiver, listeners, loopback_only, second_node, sees
 from tests.serving.test_serving_ray import _key, _post, published_window
 from tests.support.worlds import make_world, world_checkpoint
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db(transaction=True)]
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+CLIENT_SPAN = "b7ad6b7169203331"
+TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
 
 
 def _rate(http: httpx.Client, url: str, key: str, n: int) -> float:
@@ -52,6 +58,10 @@ def test_replicas_on_a_second_node_fetch_their_files_from_the_portal(
     checkpoint = world_checkpoint()
     app = deployment.serve_app
     key = _key(world, deployment)  # before the reconcile that hands the routers its hash
+    # Traces on: the replicas export to a receiver here (the portal hands its OTEL_* on).
+    receiver = OtlpReceiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
     with second_node(
         ray_cluster, resources={"worker-node": 100}, hide=[checkpoint.parent, tmp_path / "store"]
     ) as node:
@@ -89,6 +99,20 @@ def test_replicas_on_a_second_node_fetch_their_files_from_the_portal(
         with httpx.Client(timeout=30, trust_env=False) as http:
             for base in (ray_cluster.serve_url, node.proxy_url):  # both proxies route to it
                 assert _post(http, base + url, key).status_code == 200
+            # One inference's trace, exported by the replica on the second node: the router
+            # continues the client's traceparent, the version the router's, then the engine.
+            traced = http.post(
+                ray_cluster.serve_url + url,
+                json={"prompt": "One trace, please.", "max_tokens": 4, "temperature": 0},
+                headers={"authorization": f"Bearer {key}", "traceparent": TRACEPARENT},
+            )
+            assert traced.status_code == 200
+            tree = receiver.trace(TRACE_ID, {"router", "version", "queue", "prefill", "decode"})
+            assert tree["router"]["parent"] == CLIENT_SPAN
+            assert tree["router"]["service"] == "portal-dataplane"
+            assert tree["version"]["parent"] == tree["router"]["span_id"]
+            for phase in ("queue", "prefill", "decode"):
+                assert tree[phase]["parent"] == tree["version"]["span_id"]
             head_rps = _rate(http, ray_cluster.serve_url + url, key, 30)
             node_rps = _rate(http, node.proxy_url + url, key, 30)
         with capsys.disabled():
@@ -99,3 +123,4 @@ def test_replicas_on_a_second_node_fetch_their_files_from_the_portal(
                 f"({node_rps / head_rps:.2f}x)"
             )
         remove_apps(ray_cluster)  # before the node stops: its replicas stop cleanly
+    receiver.close()

@@ -14,6 +14,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = {
     "api_list": "the tenant-scoped list endpoint vs a bare DRF view (PostgreSQL, Redis)",
+    "artifacts": "a version's files to a node through the portal vs a local copy",
     "drills": "MTTD / MTTR of the chaos drills (Ray, Celery worker + beat)",
     "engine": "the built-in engine vs transformers generate (CPU)",
     "engines": "the built-in engine vs vLLM; the portal before vLLM vs vLLM's own server",

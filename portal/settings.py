@@ -9,7 +9,9 @@ PORTAL_ENV=production turns on the hardened settings and requires a real secret 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import tempfile
 from datetime import timedelta
 from pathlib import Path
@@ -101,6 +103,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "portal.requestctx.RequestContextMiddleware",
+    "portal.http_metrics.HttpMetricsMiddleware",  # /metrics: requests by route and status
     "portal.tracing.TracingMiddleware",  # a span per request when OTLP is configured
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -229,6 +232,79 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
+
+# --- Single sign-on (OIDC) and two-factor (docs/operations.md) ----------------------------
+# OpenID Connect beside passwords (tenants.oidc, mozilla-django-oidc): off unless
+# OIDC_RP_CLIENT_ID is set. Endpoints come from OIDC_OP_DISCOVERY_URL (fetched on first use)
+# unless given one by one; ID tokens are RS256, checked against the provider's JWKS.
+OIDC_ROLE_NAMES = ("owner", "operator", "viewer")  # tenants.models.Role (a test keeps them equal)
+_OIDC_SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,50}$")
+
+
+def oidc_group_roles(raw: str) -> dict[str, dict[str, str]]:
+    """OIDC_GROUP_ROLES: {"<group>": {"tenant": "<slug>", "role": "<role>"}, ...}, checked."""
+    try:
+        value = json.loads(raw or "{}")
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"OIDC_GROUP_ROLES is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured("OIDC_GROUP_ROLES must be a JSON object keyed by group name")
+    roles: dict[str, dict[str, str]] = {}
+    for group, grant in value.items():
+        where = f"OIDC_GROUP_ROLES[{group!r}]"
+        if not group.strip() or not isinstance(grant, dict) or set(grant) != {"tenant", "role"}:
+            raise ImproperlyConfigured(f'{where} must be {{"tenant": "<slug>", "role": "<role>"}}')
+        if not isinstance(grant["tenant"], str) or not _OIDC_SLUG.match(grant["tenant"]):
+            raise ImproperlyConfigured(f"{where}.tenant is not a tenant slug: {grant['tenant']!r}")
+        if grant["role"] not in OIDC_ROLE_NAMES:
+            raise ImproperlyConfigured(
+                f"{where}.role must be one of {', '.join(OIDC_ROLE_NAMES)}, not {grant['role']!r}"
+            )
+        roles[group] = {"tenant": grant["tenant"], "role": grant["role"]}
+    return roles
+
+
+OIDC_RP_CLIENT_ID = env_str("OIDC_RP_CLIENT_ID")
+OIDC_RP_CLIENT_SECRET = env_str("OIDC_RP_CLIENT_SECRET")
+OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
+OIDC_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "single sign-on")
+OIDC_OP_DISCOVERY_URL = env_str("OIDC_OP_DISCOVERY_URL")
+OIDC_OP_ISSUER = env_str("OIDC_OP_ISSUER")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("OIDC_OP_AUTHORIZATION_ENDPOINT")
+OIDC_OP_TOKEN_ENDPOINT = env_str("OIDC_OP_TOKEN_ENDPOINT")
+OIDC_OP_USER_ENDPOINT = env_str("OIDC_OP_USER_ENDPOINT")
+OIDC_OP_JWKS_ENDPOINT = env_str("OIDC_OP_JWKS_ENDPOINT")
+OIDC_RP_SIGN_ALGO = "RS256"
+OIDC_RP_SCOPES = env_str("OIDC_RP_SCOPES", "openid email profile")
+OIDC_USE_PKCE = env_bool("OIDC_USE_PKCE", True)
+OIDC_TIMEOUT = env_float("OIDC_TIMEOUT_S", 10.0)
+OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+OIDC_GROUP_ROLES = oidc_group_roles(env_str("OIDC_GROUP_ROLES"))
+OIDC_AUTHENTICATE_CLASS = "tenants.oidc.AuthenticateView"
+OIDC_CALLBACK_CLASS = "tenants.oidc.CallbackView"
+if OIDC_ENABLED:
+    if not OIDC_RP_CLIENT_SECRET:
+        raise ImproperlyConfigured("OIDC_RP_CLIENT_ID is set: set OIDC_RP_CLIENT_SECRET too")
+    _endpoints = {
+        "OIDC_OP_AUTHORIZATION_ENDPOINT": OIDC_OP_AUTHORIZATION_ENDPOINT,
+        "OIDC_OP_TOKEN_ENDPOINT": OIDC_OP_TOKEN_ENDPOINT,
+        "OIDC_OP_USER_ENDPOINT": OIDC_OP_USER_ENDPOINT,
+        "OIDC_OP_JWKS_ENDPOINT": OIDC_OP_JWKS_ENDPOINT,
+    }
+    _missing = [name for name, url in _endpoints.items() if not url]
+    if _missing and not OIDC_OP_DISCOVERY_URL:
+        raise ImproperlyConfigured(
+            f"OIDC is on: set OIDC_OP_DISCOVERY_URL, or {', '.join(_missing)}"
+        )
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    *(["tenants.oidc.Backend"] if OIDC_ENABLED else []),
+]
+# Two-factor (tenants.mfa): wrong codes per user per AUTH_THROTTLE_WINDOW_S, and how long
+# a password that was right waits for its code.
+TOTP_THROTTLE_PER_USER = env_int("TOTP_THROTTLE_PER_USER", 5)
+TOTP_PENDING_S = env_int("TOTP_PENDING_S", 300)
+TOTP_ISSUER = env_str("TOTP_ISSUER", "AI Ops Portal")
 
 # --- E-mail -----------------------------------------------------------------------------
 EMAIL_BACKEND = env_str(
@@ -393,9 +469,8 @@ ARTIFACT_LOCAL_ROOTS = [
 # it); `s3` from S3-compatible storage (ARTIFACT_S3_*; credentials from the environment, the
 # portal's to upload, each node's to read). Fetched files are checksummed and cached per node.
 # Default: `path` with the portal's own local head, `portal` against an existing cluster.
-ARTIFACT_DELIVERY = env_str(
-    "ARTIFACT_DELIVERY",
-    "portal" if env_str("RAY_ADDRESS") or env_str("RAY_DASHBOARD_URL") else "path",
+ARTIFACT_DELIVERY = env_str("ARTIFACT_DELIVERY").strip() or (
+    "portal" if env_str("RAY_ADDRESS") or env_str("RAY_DASHBOARD_URL") else "path"
 )
 if ARTIFACT_DELIVERY not in ("path", "portal", "s3"):
     raise ImproperlyConfigured(
@@ -411,6 +486,12 @@ ARTIFACT_S3_ENDPOINT_URL = env_str("ARTIFACT_S3_ENDPOINT_URL")
 ARTIFACT_S3_REGION = env_str("ARTIFACT_S3_REGION", "us-east-1")
 if ARTIFACT_DELIVERY == "s3" and not ARTIFACT_S3_BUCKET:
     raise ImproperlyConfigured("ARTIFACT_DELIVERY=s3 needs ARTIFACT_S3_BUCKET")
+if ARTIFACT_DELIVERY == "portal" and not PORTAL_INTERNAL_URL:
+    raise ImproperlyConfigured(
+        "ARTIFACT_DELIVERY=portal (the default with RAY_ADDRESS) needs PORTAL_INTERNAL_URL: the "
+        "portal's web address as the Ray nodes reach it, e.g. http://portal.internal:8000 (or "
+        "ARTIFACT_DELIVERY=path when every node sees the portal's files at the same path)"
+    )
 if ARTIFACT_DELIVERY == "portal":  # signed URLs are renewed by a reconcile (user_config only)
     CELERY_BEAT_SCHEDULE["artifact-urls-renew"] = {
         "task": "serving.reconcile",

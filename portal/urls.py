@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from portal import health_urls, status_views
@@ -17,9 +18,13 @@ api_v1 = [
 ]
 
 urlpatterns = [
+    # The admin signs in through the portal's login (throttle, two-factor), not its own form.
+    path("admin/login/", RedirectView.as_view(pattern_name="login", query_string=True)),
     path("admin/", admin.site.urls),
     # Before django.contrib.auth.urls: the same URL and name, with a throttle in front.
     path("accounts/login/", ThrottledLoginView.as_view(), name="login"),
+    # Single sign-on (tenants.oidc): 404 unless OIDC_RP_CLIENT_ID is set.
+    path("oidc/", include("mozilla_django_oidc.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include(api_v1)),
     path("healthz", include("portal.health_urls")),
@@ -27,6 +32,7 @@ urlpatterns = [
     path("readyz", health_urls.readyz, name="readyz"),
     path("platform/status/", status_views.platform_status, name="platform-status"),
     path("metrics", metrics_views.metrics, name="metrics"),
+    path("metrics/rules", metrics_views.metrics_rules, name="metrics-rules"),
     # Replicas on any Ray node fetch a version's files here, by a URL the portal signed.
     path(
         "artifacts/v1/<int:version_id>/<str:sha256>.tar",

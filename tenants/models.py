@@ -22,6 +22,13 @@ class Role(models.TextChoices):
     VIEWER = "viewer", "Viewer"
 
 
+class MembershipSource(models.TextChoices):
+    # Signup, a new tenant, an invitation: only people in the portal change these.
+    LOCAL = "local", "Granted in the portal"
+    # Follows the identity provider's groups on every sign-in (tenants.services.sso).
+    OIDC = "oidc", "Granted by single sign-on"
+
+
 class Scope(models.TextChoices):
     READ = "read", "Read"
     WRITE = "write", "Write"
@@ -55,6 +62,9 @@ class Membership(TenantOwned):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
     )
     role = models.CharField(max_length=20, choices=Role.choices)
+    source = models.CharField(
+        max_length=10, choices=MembershipSource.choices, default=MembershipSource.LOCAL
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -196,3 +206,36 @@ class AuditEvent(TenantOwned):
 
     def __str__(self) -> str:
         return f"{self.actor_label} {self.action} {self.object_type}:{self.object_id}"
+
+
+class TotpDevice(models.Model):
+    """A user's authenticator app (RFC 6238): one per user, in force once `confirmed_at` is
+    set. `last_used_step` is the newest 30-second step a code was accepted for, so a code is
+    never accepted twice (tenants.mfa.services)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="totp_device"
+    )
+    secret = models.CharField(max_length=64)
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+    last_used_step = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"authenticator of {self.user_id}"
+
+
+class RecoveryCode(models.Model):
+    """A single-use code that stands in for the authenticator; only its digest is kept."""
+
+    device = models.ForeignKey(TotpDevice, on_delete=models.CASCADE, related_name="recovery_codes")
+    code_hash = models.CharField(max_length=64)
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["device", "code_hash"], name="recovery_code_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"recovery code {self.pk} of {self.device_id}"

@@ -1,11 +1,14 @@
 from django.urls import path
 
 from tenants import views
+from tenants.mfa import views as mfa_views
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("accounts/signup/", views.signup, name="signup"),
     path("accounts/verify/<str:token>/", views.signup_verify, name="signup-verify"),
+    path("accounts/login/code/", mfa_views.login_code, name="login-code"),
+    path("accounts/security/", mfa_views.account_security, name="account-security"),
     path("tenants/new/", views.tenant_new, name="tenant-new"),
     path("switch/", views.switch_tenant, name="tenant-switch"),
     path("invite/<str:token>/", views.invitation_accept, name="invitation-accept"),

@@ -18,8 +18,9 @@ from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
 from portal.exceptions import PortalError
-from tenants import forms, links, selectors, services, throttles, usage
+from tenants import forms, links, oidc, selectors, services, throttles, usage
 from tenants.api.base import SESSION_TENANT_KEY
+from tenants.mfa import views as mfa_views
 from tenants.models import ApiToken, Invitation, Membership, Scope, Tenant
 from tenants.pages import page_actor, tenant_page
 from tenants.scoping import get_for_tenant
@@ -105,9 +106,15 @@ class ThrottledLoginView(auth_views.LoginView):
             return _throttled(request, self.template_name, context, wait)
         return super().post(request, *args, **kwargs)
 
+    def form_valid(self, form: Any) -> HttpResponse:
+        """A right password signs in, unless two-factor is on: then the code comes first."""
+        challenge = mfa_views.login_challenge(self.request, form.get_user(), self.get_success_url())
+        return challenge or super().form_valid(form)
+
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
         context["signup_open"] = services.signup_mode() != "closed"
+        context["oidc_provider"] = oidc.provider_name() if oidc.enabled() else ""
         return context
 
 

@@ -7,6 +7,9 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("CACHE_KEY_PREFIX", "portal-test")
 os.environ.setdefault("CHANNEL_PREFIX", "portal-test:asgi")
 os.environ.setdefault("RATE_LIMIT_KEY_PREFIX", "portal-test:rl")
+# One host: replicas read the portal's files in place, unless a test says otherwise (the
+# two-node and delivery tests set ARTIFACT_DELIVERY=portal with the live server's URL).
+os.environ.setdefault("ARTIFACT_DELIVERY", "path")
 
 from portal.settings import *  # noqa: E402,F403
 

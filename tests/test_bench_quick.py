@@ -5,9 +5,9 @@ own test_<db>_bench_<scenario> database and clears only its own portal-bench-<sc
 The figures' presence is checked (keys there, numbers finite), never their values: timing
 belongs to bench/, as ratios measured in the same run (docs: CONVENTIONS). Quick-mode runtimes
 on the 2-core VM: api_list ~6 s, engine ~6 s, prefix ~2 s, gpu_check ~2 s (simulated provider
-without a GPU), health_tick ~9 s, ws_fanout ~17 s; with their own Ray head (marked `ray`):
-router ~24 s, rollback ~55 s (embedded PostgreSQL and Valkey), drills ~50 s, engines ~75 s
-(three vLLM engine loads)."""
+without a GPU), health_tick ~9 s, ws_fanout ~17 s, artifacts ~13 s (16 MiB through the
+portal's ASGI server); with their own Ray head (marked `ray`): router ~24 s, rollback ~55 s
+(embedded PostgreSQL and Valkey), drills ~50 s, engines ~75 s (three vLLM engine loads)."""
 
 from __future__ import annotations
 
@@ -92,6 +92,13 @@ FIGURES: dict[str, list[str]] = {
         "portal.rows.1.throughput_ratio",
         "portal.rows.1.throughput_ratio_vs_serve",
     ],
+    "artifacts": [
+        "size_bytes",
+        "copy.mb_per_s",
+        "fetch_cold.mb_per_s",
+        "fetch_warm.s",
+        "ratio_fetch_to_copy",
+    ],
     "drills": [
         "kinds.0.mttd_p50_s",
         "kinds.0.mttr_p50_s",
@@ -142,7 +149,9 @@ def run_quick(scenario: str, tmp_path: Path) -> dict[str, Any]:
     return result
 
 
-@pytest.mark.parametrize("scenario", ["api_list", "engine", "prefix", "health_tick", "ws_fanout"])
+@pytest.mark.parametrize(
+    "scenario", ["api_list", "engine", "prefix", "health_tick", "ws_fanout", "artifacts"]
+)
 def test_quick_bench(scenario: str, tmp_path: Path) -> None:
     run_quick(scenario, tmp_path)
 

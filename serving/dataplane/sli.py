@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from serving.dataplane.identity import process_identity
+
 BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)  # + overflow bucket
 
 
@@ -132,6 +134,8 @@ class SliRecorder:
             "replica": self.replica,
             "pid": os.getpid(),
             "node": self.node,  # the Ray node: pids are matched on their own node
+            # The pid namespace and GPUs: a container's pid still maps to NVML's (identity).
+            **process_identity(),
             "window": window,
             "totals": self.totals.as_dict(now),
             "kv": kv or {},

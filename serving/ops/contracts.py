@@ -4,6 +4,7 @@ line and field) and the contract in force stays as it was."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -120,6 +121,29 @@ def contract_export_openslo(*, contract: SlaContract, service: str) -> str:
     from serving.slo.openslo import export_openslo
 
     return export_openslo(Contract.from_dict(contract.document), service=service)
+
+
+def contracts_in_force() -> list[tuple[str, str, SlaContract]]:
+    """(tenant slug, deployment name, contract in force) of every live deployment that has a
+    contract: platform-wide, for /metrics/rules (one query)."""
+    rows = (
+        SlaContract.objects.filter(deployment__deleted_at__isnull=True)
+        .select_related("tenant", "deployment")
+        .order_by("deployment_id", "-version")
+        .distinct("deployment_id")
+    )
+    return [(row.tenant.slug, row.deployment.name, row) for row in rows]
+
+
+def contract_export_rules(*, entries: Iterable[tuple[str, str, SlaContract]]) -> str:
+    """Prometheus rules (YAML `groups:`) of contracts, each given with the tenant slug and
+    deployment name that its series carry on /metrics (serving.slo.rules)."""
+    from serving.slo.rules import RuleTarget, rules_yaml
+
+    return rules_yaml(
+        RuleTarget(tenant=slug, deployment=name, contract=Contract.from_dict(row.document))
+        for slug, name, row in entries
+    )
 
 
 def features_report(

@@ -1,6 +1,7 @@
 """All writes of the tenants room, one module per capability: audit (the trail every service
 appends to), onboarding (tenants, signup and its verification, suspension), members (roles,
-removal and the offboarding they carry out), invitations, tokens (API tokens) and quotas.
+removal and the offboarding they carry out), invitations, tokens (API tokens), quotas and sso
+(the accounts and memberships single sign-on grants).
 This package re-exports their public names, so `tenants.services.<name>` keeps working."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tenants.services.onboarding import (
     tenant_update,
 )
 from tenants.services.quotas import PLAN_QUOTAS, QUOTA_FIELDS, quota_update
+from tenants.services.sso import oidc_memberships_sync, oidc_user_sign_in
 from tenants.services.tokens import (
     TOKEN_RATE_LIMIT_MAX,
     api_token_create,
@@ -63,6 +65,8 @@ __all__ = [
     "max_tenants_per_user",
     "membership_remove",
     "membership_set_role",
+    "oidc_memberships_sync",
+    "oidc_user_sign_in",
     "quota_update",
     "signup",
     "signup_mode",

@@ -61,3 +61,18 @@ def test_production_refuses_a_public_or_short_secret_key_and_writes_none(tmp_pat
         result = _run({**data, "SECRET_KEY": key}, "check")
         assert result.returncode != 0 and "SECRET_KEY must be set" in result.stderr
     assert not (tmp_path / "secret_key").exists()  # production never makes one up
+
+
+def test_an_existing_cluster_needs_the_portals_address_for_its_nodes() -> None:
+    env = {
+        **PRODUCTION,
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "RAY_ADDRESS": "10.1.2.3:6379",
+        "ARTIFACT_DELIVERY": "",  # the default: `portal` against an existing cluster
+    }
+    result = _run(env, "check")
+    assert result.returncode != 0
+    assert "needs PORTAL_INTERNAL_URL" in result.stderr
+    assert _run({**env, "PORTAL_INTERNAL_URL": "http://portal:8000"}, "check").returncode == 0
+    bad = _run({**env, "ARTIFACT_DELIVERY": "nfs"}, "check")
+    assert bad.returncode != 0 and "ARTIFACT_DELIVERY must be path, portal or s3" in bad.stderr

@@ -99,6 +99,22 @@ class DeploymentOpsViewSet(TenantScopedViewSet):
         )
         return Response({**ContractSerializer(row).data, "warnings": warnings})
 
+    @extend_schema(responses={200: str})
+    @action(detail=True, methods=["get"], url_path="contract/rules")
+    def contract_rules(self, request: Request, pk: str) -> Any:
+        """The contract in force as Prometheus rules over the series /metrics exports:
+        Sloth-style error ratios and multiwindow burn-rate alerts, YAML `groups:`."""
+        deployment = self.get_object()
+        current = contracts.contract_current(tenant=self.ctx.tenant, deployment=deployment)
+        if current is None:
+            return Response(
+                {"error": {"code": "not_found", "message": "no contract yet", "fields": {}}},
+                status=404,
+            )
+        entry = (self.ctx.tenant.slug, deployment.name, current)
+        text = contracts.contract_export_rules(entries=[entry])
+        return HttpResponse(text, content_type="application/yaml")
+
     @extend_schema(responses={200: dict})
     @action(detail=True, methods=["get"])
     def health(self, request: Request, pk: str) -> Response:

@@ -17,7 +17,16 @@ from typing import Any
 
 from serving.ops.health.probe import PROBE_BODY, probe, probe_streaks
 from serving.ops.health.slots import tick_slots
-from serving.ops.health.state import deployment_health, health_keys, health_redis, loads
+from serving.ops.health.state import (
+    TICK_BUCKETS_S,
+    deployment_health,
+    health_keys,
+    health_redis,
+    loads,
+    tick_finish,
+    tick_skipped,
+    tick_stats,
+)
 from serving.ops.health.targets import (
     LIVE_STATUSES,
     PROBE_STATUSES,
@@ -34,6 +43,7 @@ __all__ = [
     "PROBE_STATUSES",
     "STALE_S",
     "SlotResult",
+    "TICK_BUCKETS_S",
     "Target",
     "clear_caches",
     "deployment_health",
@@ -44,6 +54,7 @@ __all__ = [
     "probe",
     "probe_streaks",
     "tick",
+    "tick_stats",
 ]
 
 
@@ -62,11 +73,13 @@ def tick(
     keys = health_keys()
     token = secrets.token_hex(8)
     if not r.set(keys["lock"], token, nx=True, px=30_000):
+        tick_skipped(r, keys)
         return {"skipped": "another tick is running"}
     try:
         report = tick_slots(now, r, keys, serve_url, act, deployment_ids)
     finally:
-        if r.get(keys["lock"]) == token.encode():
+        seconds = time.perf_counter() - started
+        if tick_finish(r, keys, token, seconds=seconds, at=time.time()):
             r.delete(keys["lock"])
-    report["duration_ms"] = round((time.perf_counter() - started) * 1000, 2)
+    report["duration_ms"] = round(seconds * 1000, 2)
     return report

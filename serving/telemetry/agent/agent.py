@@ -24,7 +24,6 @@ from serving.telemetry.agent.attribution import (
     Owner,
     attribute,
     owners_map,
-    replicas_by_pid,
     views,
 )
 from serving.telemetry.agent.downsample import Downsampler
@@ -208,7 +207,7 @@ class GpuAgent:
             "simulated": self.provider.simulated,
             "provider": self.provider.name,
             "devices": [d.to_dict() for d in devices],
-            "processes": attribute(self.processes, replicas_by_pid(self.replicas), self.owners),
+            "processes": attribute(self.processes, self.replicas, self.owners),
         }
         await self.publish(snapshot)
         if self.config.persist:

@@ -1,14 +1,16 @@
-"""Attribution: NVML's compute processes mapped to Ray Serve replicas (by the pid each
-publishes), so to deployments and tenants, and the view of a sample each group is sent."""
+"""Attribution: NVML's compute processes mapped to Ray Serve replicas (by what survives pid
+namespaces: serving.dataplane.identity), so to deployments and tenants, and the view of a
+sample each group is sent."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from serving.control.names import BadName, deployment_app
+from serving.dataplane import identity
 from serving.telemetry.keys import node_group, tenant_group
 from serving.telemetry.providers.base import GpuProcess
 
@@ -33,16 +35,68 @@ def replicas_by_pid(snapshots: Iterable[Mapping[str, Any]]) -> dict[int, Mapping
     return out
 
 
+def _identity(pid: int) -> tuple[str, int] | None:
+    """(pid namespace, pid inside it) of a process NVML reports, read from this agent's /proc;
+    None when the process is not visible here (the agent runs in another pid namespace)."""
+    namespace, inner = identity.pid_namespace(pid), identity.innermost_pid(pid)
+    return (namespace, inner) if namespace and inner else None
+
+
+def match_replicas(
+    processes: Iterable[GpuProcess],
+    replicas: Iterable[Mapping[str, Any]],
+    identify: Callable[[int], tuple[str, int] | None] = _identity,
+) -> dict[int, Mapping[str, Any]]:
+    """NVML pid -> the replica it is. First by what survives pid namespaces: the process's
+    namespace and its pid in there, as the replica published them (a replica in a container,
+    an agent on the host). Then by the same pid where the replica published no namespace or
+    the agent cannot read the process (one namespace for both). Last, a device that exactly one
+    replica says it uses and exactly one unmatched process holds is that replica's."""
+    processes, replicas = list(processes), list(replicas)
+    by_identity = {
+        (str(r["pidns"]), int(r["pid"])): r
+        for r in replicas
+        if r.get("pidns") and isinstance(r.get("pid"), int)
+    }
+    by_pid = replicas_by_pid(replicas)
+    own = identity.pid_namespace()
+    out: dict[int, Mapping[str, Any]] = {}
+    for process in processes:
+        key = identify(process.pid)
+        found = by_identity.get(key) if key is not None else None
+        same_pid = by_pid.get(process.pid)
+        if found is None and same_pid is not None:
+            # A pid is only the same process in the same namespace: a replica that published
+            # none (older), or one in this agent's own namespace whose process it cannot read.
+            namespace = same_pid.get("pidns")
+            if not namespace or (key is None and namespace == own):
+                found = same_pid
+        if found is not None:
+            out[process.pid] = found
+    matched = {id(r) for r in out.values()}
+    for device in {p.device_uuid for p in processes}:
+        left = [p for p in processes if p.device_uuid == device and p.pid not in out]
+        uuid = identity.gpu_uuid(device)
+        claims = [r for r in replicas if id(r) not in matched and uuid in (r.get("gpus") or [])]
+        if len(left) == 1 and len(claims) == 1:
+            out[left[0].pid] = claims[0]
+            matched.add(id(claims[0]))
+    return out
+
+
 def attribute(
     processes: Iterable[GpuProcess],
-    replicas: Mapping[int, Mapping[str, Any]],
+    replicas: Iterable[Mapping[str, Any]],
     owners: Mapping[str, Owner],
+    identify: Callable[[int], tuple[str, int] | None] = _identity,
 ) -> list[dict[str, Any]]:
-    """Each NVML compute process, with the replica, deployment and tenant it belongs to where
-    its pid is a replica's (`tenant_id` None: not a portal replica, shown to operators only)."""
+    """Each NVML compute process, with the replica, deployment and tenant it belongs to
+    (match_replicas; `tenant_id` None: not a portal replica, shown to operators only)."""
+    processes = list(processes)
+    matched = match_replicas(processes, replicas, identify)
     out = []
     for process in processes:
-        replica = replicas.get(process.pid)
+        replica = matched.get(process.pid)
         owner = owners.get(str(replica.get("app"))) if replica is not None else None
         row: dict[str, Any] = {
             **process.to_dict(),

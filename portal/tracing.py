@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import secrets
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar, cast
 
@@ -125,13 +126,18 @@ class TracingMiddleware:
 
 # --- Celery: the publisher's context in the message, a span per task -----------------------
 
-_task_spans: dict[str, tuple[trace.Span, object]] = {}
+_task_spans: dict[str, tuple[trace.Span, object, tuple[Any, Any]]] = {}
 
 
 def inject_headers(headers: dict[str, Any] | None = None, **_: Any) -> None:
-    """before_task_publish: the current trace context goes into the task message's headers."""
-    if headers is not None:
-        PROPAGATOR.inject(headers)
+    """before_task_publish: the current trace context goes into the task message's headers
+    (with tracing off, the request's trace id for the logs: the task's lines carry it too)."""
+    if headers is None:
+        return
+    PROPAGATOR.inject(headers)
+    logged = portal_logging.trace_id.get()
+    if "traceparent" not in headers and len(logged) == 32:
+        headers["traceparent"] = f"00-{logged}-{secrets.token_hex(8)}-00"
 
 
 def start_task_span(task_id: str = "", task: Any = None, **_: Any) -> None:
@@ -148,7 +154,14 @@ def start_task_span(task_id: str = "", task: Any = None, **_: Any) -> None:
         attributes={"celery.task_name": task.name, "celery.task_id": task_id},
     )
     token = otel_context.attach(trace.set_span_in_context(current))
-    _task_spans[task_id] = (current, token)
+    # The task's log lines: its id as the request id, the trace it continues (or its own).
+    ids = dataplane_tracing.ids(current)
+    sent_trace = sent.split("-")[1] if sent.count("-") == 3 else ""
+    logs = (
+        portal_logging.request_id.set(task_id),
+        portal_logging.trace_id.set(ids[0] if ids else sent_trace),
+    )
+    _task_spans[task_id] = (current, token, logs)
 
 
 def end_task_span(task_id: str = "", state: str | None = None, **_: Any) -> None:
@@ -156,7 +169,10 @@ def end_task_span(task_id: str = "", state: str | None = None, **_: Any) -> None
     entry = _task_spans.pop(task_id, None)
     if entry is None:
         return
-    current, token = entry
+    current, token, (request_token, trace_token) = entry
+    with contextlib.suppress(ValueError):  # set in another context (never seen; be safe)
+        portal_logging.request_id.reset(request_token)
+        portal_logging.trace_id.reset(trace_token)
     current.set_attribute("celery.state", str(state or ""))
     if state not in (None, "SUCCESS"):
         current.set_status(Status(StatusCode.ERROR, str(state)))

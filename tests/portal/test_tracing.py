@@ -178,3 +178,19 @@ def test_replicas_get_the_portals_otlp_settings_only_when_tracing_is_on() -> Non
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
     }
+
+
+def test_a_tasks_log_lines_carry_its_id_and_the_trace_of_whoever_enqueued_it() -> None:
+    before = portal_logging.trace_id.set(TRACE_ID)  # what portal.requestctx set for a request
+    try:
+        headers: dict[str, Any] = {}
+        tracing.inject_headers(headers=headers)  # no span here: the logs' trace still travels
+        assert headers["traceparent"].split("-")[1] == TRACE_ID
+        task = SimpleNamespace(name="serving.reconcile", request=SimpleNamespace(**headers))
+        tracing.start_task_span(task_id="t-2", task=task)
+        assert portal_logging.request_id.get() == "t-2"
+        assert portal_logging.trace_id.get() == TRACE_ID
+        tracing.end_task_span(task_id="t-2", state="SUCCESS")
+        assert portal_logging.request_id.get() == ""  # back to the caller's
+    finally:
+        portal_logging.trace_id.reset(before)

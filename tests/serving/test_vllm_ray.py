@@ -82,6 +82,8 @@ def _only(world: TenantWorld, keep: str = "") -> None:
     others.exclude(name=keep).update(deleted_at=timezone.now())
 
 
+# ~140 s on an idle 2-core machine (four vLLM engine loads); its own waits bound each step.
+@pytest.mark.timeout(480)
 def test_a_vllm_deployment_and_pool_through_the_api(
     world_a: TenantWorld, world_b: TenantWorld, ray_cluster: RayCluster, tmp_path: Path
 ) -> None:

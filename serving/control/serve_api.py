@@ -12,7 +12,6 @@ starts (serving.deployments.chaos); a bare script has no delay.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import time
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from serving.control import host
+from serving.dataplane.fetch import is_loopback_url
 
 if TYPE_CHECKING:
     from serving.control.cluster.config import RayTarget
@@ -190,16 +190,6 @@ def _parse_deployment(app: str, name: str, raw: Mapping[str, Any]) -> Deployment
     )
 
 
-def _is_loopback_url(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class ServeApiClient:
     """Bearer-token client for one cluster's dashboard; cheap to build, holds no connection."""
 
@@ -219,7 +209,7 @@ class ServeApiClient:
         self.http_options = dict(http_options or {})
         self._token = token
         handlers: list[urllib.request.BaseHandler] = []
-        if _is_loopback_url(self.dashboard_url):
+        if is_loopback_url(self.dashboard_url):
             # An HTTP(S)_PROXY in the environment must not capture loopback traffic (and the token).
             handlers.append(urllib.request.ProxyHandler({}))
         self._opener = urllib.request.build_opener(*handlers)

@@ -93,7 +93,8 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _loopback(url: str) -> bool:
+def is_loopback_url(url: str) -> bool:
+    """Whether the URL names this machine (never sent through an HTTP proxy)."""
     host = urllib.parse.urlsplit(url).hostname or ""
     if host == "localhost":
         return True
@@ -111,7 +112,7 @@ def _open(source: dict[str, Any]) -> Iterator[BinaryIO]:
         if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
             raise FetchError("the artifact URL is not http(s)")
         # A loopback portal is never reached through the environment's HTTP proxy.
-        handlers = [urllib.request.ProxyHandler({})] if _loopback(url) else []
+        handlers = [urllib.request.ProxyHandler({})] if is_loopback_url(url) else []
         opener = urllib.request.build_opener(*handlers)
         try:
             response = opener.open(url, timeout=READ_TIMEOUT_S)

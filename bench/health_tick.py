@@ -498,6 +498,16 @@ def seed_state(slots: list[SlotSeed], history: History) -> None:
         )
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.hset(f"{BENCH_PREFIX}:health:state", mapping=states)
+    # The signal SLIs' series: 10 minutes of points per slot, as steady ticks leave it.
+    with client.pipeline(transaction=False) as pipe:
+        for slot in slots:
+            key = f"{BENCH_PREFIX}:health:signals:{slot.deployment_id}:{slot.group}"
+            for k in range(120):
+                point = {"t": history.base - 600 + 5 * k, "s": 5.0, "req": 40, "p99": 180.5,
+                         "ttft": 61.2, "tps": 64.0, "hit": 0.42, "qs": 0.31, "qn": 40,
+                         "r": {"other": 1}, "sat": 0.25, "kv": 0.5, "bat": 0.25}  # fmt: skip
+                pipe.lpush(key, json.dumps(point, separators=(",", ":")))
+        pipe.execute()
     client.close()
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import transaction
 
+from incidents import remediation
 from incidents import services as incidents
 from incidents.drills.selectors import active_run_id
 from portal.exceptions import ConflictError
@@ -105,6 +106,11 @@ def handle_firing(event: SlotAlerts) -> list[dict[str, Any]]:
                 record["paused"] = rollout_pause_for_breach(
                     tenant=tenant, deployment=deployment, reason=alert.detail
                 )
+            # The contract's remediation chains for this alert (and an alert's own
+            # scale_out, restart_replicas, shed_load or switch_to_fallback), once per incident.
+            runs = remediation.start_for_alert(event, alert, incident)
+            if runs:
+                record["remediation"] = runs
             actions.append(record)
         # Committed: switch traffic now, in this process, before the other alerts' paperwork
         # (they join this incident even once the rollback has mitigated it).

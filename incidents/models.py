@@ -39,12 +39,19 @@ class BreachKind(models.TextChoices):
     PROBE = "probe", "Probe"
     ANALYSIS = "analysis", "Canary analysis"
     GATE = "gate", "Promotion gate"
+    DRIFT = "drift", "Config drift"
+    RELOAD = "reload", "Failed reload"
 
 
 class BreachAction(models.TextChoices):
     ROLLBACK = "rollback", "Roll back"
     PAUSE = "pause", "Pause"
     NOTIFY = "notify", "Notify"
+    # The remediation actions (serving.slo.remediation): the alert starts a one-step run.
+    SCALE_OUT = "scale_out", "Scale out"
+    RESTART_REPLICAS = "restart_replicas", "Restart replicas"
+    SHED_LOAD = "shed_load", "Shed load"
+    SWITCH_TO_FALLBACK = "switch_to_fallback", "Switch to fallback"
 
 
 class IncidentStatus(models.TextChoices):
@@ -74,6 +81,7 @@ class EventKind(models.TextChoices):
     NOTIFICATION = "notification", "Notification"
     HINT = "hint", "Hint"
     ANALYSIS = "analysis", "Analysis"
+    REMEDIATION = "remediation", "Remediation step"
 
 
 class SlaBreach(TenantOwned):
@@ -86,7 +94,7 @@ class SlaBreach(TenantOwned):
     objective = models.CharField(max_length=120)
     kind = models.CharField(max_length=10, choices=BreachKind.choices)
     severity = models.CharField(max_length=10, choices=Severity.choices)
-    action = models.CharField(max_length=10, choices=BreachAction.choices)
+    action = models.CharField(max_length=20, choices=BreachAction.choices)
     detail = models.TextField(blank=True)
     burn_long = models.FloatField(null=True, blank=True)
     burn_short = models.FloatField(null=True, blank=True)

@@ -8,11 +8,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from incidents import breaches
+from incidents import breaches, remediation
 from incidents import services as incidents
 from incidents.models import Incident
-from serving.ops.events import SlotAlerts, Stage
+from incidents.reload_failures import record_reload_failure
+from serving.ops.events import ReloadFailed, SlotAlerts, Stage
 from serving.ops.models import Rollback, Rollout
+from serving.ops.remediation.models import RemediationRun, RemediationStep
 
 # What the timeline says when a rollback switches traffic, and when it is done.
 _MESSAGES = {
@@ -57,3 +59,14 @@ class IncidentsListener:
             )
             if stage == "finished" and incident.status in ("triggered", "acknowledged"):
                 incidents.incident_mitigate(tenant=rollback.tenant, actor=None, incident=incident)
+
+    def remediation_progressed(
+        self, *, run: RemediationRun, step: RemediationStep | None, message: str
+    ) -> None:
+        """Each step of a remediation run on its incident's timeline; a rollback it started
+        is linked to the incident (so the incident is mitigated when it finishes)."""
+        remediation.remediation_progressed(run=run, step=step, message=message)
+
+    def reload_failed(self, event: ReloadFailed) -> bool:
+        """A failed hot reload: a ticket on its slot's incident, once per failure."""
+        return record_reload_failure(event)

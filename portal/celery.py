@@ -13,8 +13,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 # default: reconcile and its follow-ups, notifications, tenants' mail; health: the health tick
 # and status refresh (never behind anything else); chaos: drill steps; validation: model
-# validations (minutes each). `manage.py up` gives health and validation workers of their own.
-QUEUES = ("default", "health", "chaos", "validation")
+# validations (minutes each); checks: a version's verify/benchmark (a tenant's, never ahead of
+# or behind another's validation). `manage.py up` gives health, validation and checks workers.
+QUEUES = ("default", "health", "chaos", "validation", "checks")
 
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -29,6 +30,8 @@ TASK_PACKAGES = (
     "serving.registry",
     "serving.deployments",
     "serving.ops",
+    "serving.ops.checks",
+    "serving.ops.remediation",
     "serving.telemetry",
     "incidents.notifications",
     "incidents.drills",

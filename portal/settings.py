@@ -194,6 +194,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "serving.health_tick",
         "schedule": env_float("HEALTH_TICK_S", 2.0),
     },
+    "consistency-probe": {
+        "task": "serving.consistency_probe",
+        "schedule": env_float("CONSISTENCY_PROBE_INTERVAL_S", 60.0),
+    },
     "sli-prune": {
         "task": "serving.prune_sli_samples",
         "schedule": 60.0,
@@ -218,7 +222,7 @@ CELERY_BEAT_SCHEDULE = {
             "args": (queue,),
             "options": {"queue": queue, "expires": 10.0},
         }
-        for queue in ("default", "health", "chaos", "validation")
+        for queue in ("default", "health", "chaos", "validation", "checks")
     },
 }
 
@@ -437,6 +441,8 @@ HEALTH_GOOD_AFTER_S = env_float("HEALTH_GOOD_AFTER_S", 60.0)
 ROLLBACK_RESUME_AFTER_S = env_float("ROLLBACK_RESUME_AFTER_S", 10.0)
 # Every deployment change enqueues one reconcile on commit (off in unit tests without Ray).
 RECONCILE_ON_COMMIT = env_bool("RECONCILE_ON_COMMIT", True)
+# A version replica's hot reload that takes longer fails, the old weights keep serving (s).
+RELOAD_DEADLINE_S = env_float("RELOAD_DEADLINE_S", 60.0)
 # Admission asks Ray whether a deployment's replicas fit (serving.deployments.capacity).
 CLUSTER_CAPACITY = env_bool("PORTAL_CLUSTER_CAPACITY", True)
 # Fast buckets (>= 2 / FRACTION req/s) lease a share of their rate per Redis round trip.

@@ -8,7 +8,7 @@ class ServingConfig(AppConfig):
         from django.conf import settings
 
         from serving.control import host
-        from serving.deployments import gates
+        from serving.deployments import controlplane, gates
         from serving.deployments.chaos import injected_delay
         from serving.ops.analysis import gate_for
         from serving.registry import selectors as registry
@@ -16,6 +16,7 @@ class ServingConfig(AppConfig):
         from tenants.signals import tenant_suspension_changed
 
         host.install(delay=injected_delay.seconds, data=lambda: settings.DATA_DIR)
+        controlplane.install()  # the Serve API guard's state, published for every process
         gates.register("sla-contract", gate_for)
         usage.register_storage_meter(
             used=lambda tenant: registry.storage_used_bytes(tenant=tenant),

@@ -11,6 +11,7 @@ from serving.deployments.models import (  # noqa: F401
     ReconcileRun,
     SharedPool,
 )
+from serving.ops.checks.models import VersionCheck  # noqa: F401
 from serving.ops.models import (  # noqa: F401
     AnalysisResult,
     AnalysisRun,
@@ -23,6 +24,7 @@ from serving.ops.models import (  # noqa: F401
     SlaContract,
     SliSample,
 )
+from serving.ops.remediation.models import RemediationRun, RemediationStep  # noqa: F401
 from serving.registry.models import (  # noqa: F401
     ArtifactSource,
     Model,
@@ -54,6 +56,8 @@ __all__ = [
     "ReconcileLock",
     "ReconcileRun",
     "Resolution",
+    "RemediationRun",
+    "RemediationStep",
     "Rollback",
     "RollbackStatus",
     "Rollout",
@@ -62,5 +66,6 @@ __all__ = [
     "SharedPool",
     "SlaContract",
     "SliSample",
+    "VersionCheck",
     "VersionStatus",
 ]

@@ -102,6 +102,7 @@ OBJECT_FACTORIES: dict[str, str] = {
     "serving.Rollback": "tests.serving.factories:rollback_for_world",
     "incidents.ChaosDrill": "tests.incidents.factories:drill_for_world",
     "incidents.DrillRun": "tests.incidents.factories:drill_run_for_world",
+    "serving.VersionCheck": "tests.serving.check_factories:version_check_for_world",
 }
 
 

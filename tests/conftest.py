@@ -21,6 +21,20 @@ from tests.support.worlds import (  # noqa: F401 (re-exported: tests import them
 _TEST_DOMAINS = (".example", ".example.com", ".example.net", ".example.org", ".test")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`: two workers, `--dist loadgroup`) every test on the
+    session's Ray head runs in one worker, so one head serves them all; the rest (including the
+    benches and smoke tests that start heads of their own) spread over both workers."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    on_head = [item for item in items if "ray_cluster" in getattr(item, "fixturenames", ())]
+    for item in on_head:
+        item.add_marker(pytest.mark.xdist_group("ray-session"))
+    # The longest unit goes first, so the other worker's share runs beside it, not after it.
+    grouped = {id(item) for item in on_head}
+    items[:] = on_head + [item for item in items if id(item) not in grouped]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _demo_models_trained_once(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Every `demo_tenant` of the session (the `make up` smoke tests, the restart test: child

@@ -4,6 +4,23 @@ import os
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/portal")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def _worker_redis_db() -> None:
+    """Under pytest-xdist (`make test` runs two workers) each worker gets its own Redis db (the
+    tests clear their key patterns between tests, so a shared db would let one worker wipe the
+    other's rate buckets and SLI values). Written back to the environment once, so processes a
+    test starts (a Celery worker, a bench) use the same db and do not shift it again."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or os.environ.get("PORTAL_TEST_REDIS_WORKER") == worker:
+        return
+    base, _, db = os.environ["REDIS_URL"].rpartition("/")
+    number = (int(db or 0) + int(worker[2:])) % 16
+    os.environ["REDIS_URL"] = f"{base}/{number}"
+    os.environ["PORTAL_TEST_REDIS_WORKER"] = worker
+
+
+_worker_redis_db()
 os.environ.setdefault("CACHE_KEY_PREFIX", "portal-test")
 os.environ.setdefault("CHANNEL_PREFIX", "portal-test:asgi")
 os.environ.setdefault("RATE_LIMIT_KEY_PREFIX", "portal-test:rl")

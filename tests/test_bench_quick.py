@@ -5,9 +5,10 @@ own test_<db>_bench_<scenario> database and clears only its own portal-bench-<sc
 The figures' presence is checked (keys there, numbers finite), never their values: timing
 belongs to bench/, as ratios measured in the same run (docs: CONVENTIONS). Quick-mode runtimes
 on the 2-core VM: api_list ~6 s, engine ~6 s, prefix ~2 s, gpu_check ~2 s (simulated provider
-without a GPU), health_tick ~9 s, ws_fanout ~17 s, artifacts ~13 s (16 MiB through the
-portal's ASGI server); with their own Ray head (marked `ray`): router ~24 s, rollback ~55 s
-(embedded PostgreSQL and Valkey), drills ~50 s, engines ~75 s (three vLLM engine loads)."""
+without a GPU), health_tick ~9 s, ws_fanout ~17 s, recovery ~2 s, artifacts ~13 s (16 MiB
+through the portal's ASGI server); with their own Ray head (marked `ray`): router ~24 s, rollback ~55 s
+(embedded PostgreSQL and Valkey), drills ~50 s, engines ~75 s (three vLLM engine loads),
+detection ~60 s (one run per SLI, the golden-prompt probe every 5 s)."""
 
 from __future__ import annotations
 
@@ -99,6 +100,14 @@ FIGURES: dict[str, list[str]] = {
         "fetch_warm.s",
         "ratio_fetch_to_copy",
     ],
+    "recovery": [
+        "swap_ms.standby.p50",
+        "swap_ms.disk.p50",
+        "first_answer_ms.standby.p50",
+        "speedup_p50",
+        "memory.standby_bytes",
+        "memory.standby_fp16_bytes",
+    ],
     "drills": [
         "kinds.0.mttd_p50_s",
         "kinds.0.mttr_p50_s",
@@ -106,8 +115,17 @@ FIGURES: dict[str, list[str]] = {
         "runs.0.mttd_s",
         "runtime_s",
     ],
+    "detection": [
+        "slis.latency_p99_jitter.detection_s.p50",
+        "slis.state_divergence.detection_s.p95",
+        "slis.output_consistency.detection_s.p50",
+        "runs.0.evaluation_s",
+        "health_tick_s",
+        "consistency_probe_s",
+        "kv_probe_control.cross_tenant_hits",
+    ],
 }
-TIMEOUT_S = {"router": 240, "rollback": 300, "drills": 360, "engines": 360}
+TIMEOUT_S = {"router": 240, "rollback": 300, "drills": 360, "engines": 360, "detection": 300}
 
 
 def figure(result: Any, dotted: str) -> Any:
@@ -150,7 +168,8 @@ def run_quick(scenario: str, tmp_path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    "scenario", ["api_list", "engine", "prefix", "health_tick", "ws_fanout", "artifacts"]
+    "scenario",
+    ["api_list", "engine", "prefix", "health_tick", "ws_fanout", "artifacts", "recovery"],
 )
 def test_quick_bench(scenario: str, tmp_path: Path) -> None:
     run_quick(scenario, tmp_path)
@@ -170,6 +189,21 @@ def test_quick_gpu_check(tmp_path: Path) -> None:
 def test_quick_bench_with_ray(scenario: str, tmp_path: Path) -> None:
     """Each starts its own Ray head (127.0.0.1, fresh ports, never 6379; stopped by PID)."""
     run_quick(scenario, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_quick_detection(tmp_path: Path) -> None:
+    """Each signal SLI's alert fired under its fault, and the KV pollution probe's control
+    left the golden answers alone (isolation holds); how fast is bench/, not a test."""
+    result = run_quick("detection", tmp_path)
+    for sli, row in result["slis"].items():
+        assert row["detected"] == row["runs"] == 1, (sli, row)
+    assert all(run["quiet_before"] for run in result["runs"]), result["runs"]
+    assert result["replicas_seen"] == 1, "a replica crashed or was replaced under the faults"
+    control = result["kv_probe_control"]
+    assert control["replay_queries"] > 0 and control["golden_probes"] >= 1, control
+    assert control["cross_tenant_hits"] == 0 and control["consistency_alert"] is False, control
 
 
 @pytest.mark.slow

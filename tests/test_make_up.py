@@ -404,10 +404,10 @@ def test_make_up_embedded_serves_and_stops_cleanly(tmp_path: Path) -> None:
 
         # Everything printed its start line before the portal answered.
         deadline = time.monotonic() + 10
-        while len(portal.started_parts()) < 8 and time.monotonic() < deadline:
+        while len(portal.started_parts()) < 9 and time.monotonic() < deadline:
             time.sleep(0.2)
         parts = portal.started_parts()
-        workers = ["worker", "worker-health", "worker-validation"]
+        workers = ["worker", "worker-health", "worker-validation", "worker-checks"]
         assert list(parts) == ["postgres", "valkey", "web", "gpu-agent", *workers, "beat"], (
             portal.output
         )
@@ -492,6 +492,7 @@ def test_make_up_with_the_local_ray_head_serves_the_demo_deployment(tmp_path: Pa
             "worker",
             "worker-health",
             "worker-validation",
+            "worker-checks",
             "traffic",
             "beat",
         ], output

@@ -2,6 +2,7 @@ from rest_framework.routers import SimpleRouter
 
 from serving.deployments import api as deployments
 from serving.ops import api as ops
+from serving.ops.api import checks
 from serving.registry.api import views
 
 router = SimpleRouter()
@@ -10,6 +11,12 @@ router.register(
     r"models/(?P<model_pk>[0-9]+)/versions", views.ModelVersionViewSet, basename="model-version"
 )
 
+router.register(
+    r"models/(?P<model_pk>[0-9]+)/versions",
+    checks.VersionCheckStartViewSet,
+    basename="model-version-checks",
+)
+router.register("version-checks", checks.VersionCheckViewSet, basename="version-check")
 router.register("deployments", deployments.DeploymentViewSet, basename="deployment")
 router.register("deployments", ops.DeploymentOpsViewSet, basename="deployment-ops")
 router.register("rollouts", ops.RolloutViewSet, basename="rollout")

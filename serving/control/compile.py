@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving.control import names
+from serving.control import names, tier_apps
 from serving.control.names import GPU_NODES_APP
 from serving.control.specs import (
     DeploymentSpec,
@@ -322,7 +322,7 @@ def deployment_apps(spec: DeploymentSpec, telemetry: dict[str, Any]) -> list[dic
         apps.append(_version_app(spec, "stable", spec.stable, telemetry))
     if spec.pool is None and spec.canary is not None:
         apps.append(_version_app(spec, "canary", spec.canary, telemetry))
-    return apps
+    return tier_apps.with_tiers(spec, apps, lambda g, s: _version_app(spec, g, s, telemetry))
 
 
 def pool_apps(pool: PoolSpec, telemetry: dict[str, Any]) -> list[dict[str, Any]]:

@@ -29,7 +29,8 @@ SEP = "."
 _COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,79}$")
 # Version slots served by an application of their own: the canary; and a vLLM stable slot
 # (vLLM cannot hot-swap weights in the router's replica, serving.control.compile).
-TENANT_SLOTS = ("canary", "stable")
+# The degraded tiers (serving.dataplane.tiers) are slots of their own too.
+TENANT_SLOTS = ("canary", "stable", "distilled", "proxy")
 PLATFORM = "platform"
 POOL_ROLE = "pool"
 SAMPLER_ROLE = "sampler"
@@ -88,3 +89,12 @@ def parse_app(name: str) -> tuple[str, ...]:
         if name == GPU_NODES_APP:
             return ("sampler",)
     raise BadName("application name", name)
+
+
+def is_portal_app(name: str) -> bool:
+    """Is `name` an application the portal makes (parse_app accepts it)?"""
+    try:
+        parse_app(name)
+    except BadName:
+        return False
+    return True

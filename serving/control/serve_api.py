@@ -8,6 +8,11 @@ Only the standard library is used, so the portal's runtime needs no HTTP client 
 A `control_plane_delay` chaos drill slows every call of this client down: each request first
 waits `host.call_delay()` seconds, which the portal wires to the drill's Redis key when it
 starts (serving.deployments.chaos); a bare script has no delay.
+
+Every call goes through the dashboard's guard (serving.control.breaker): a circuit breaker that
+refuses calls at once while the control plane fails or is slow, and a retry budget that keeps
+retries under 10 % of the requests, so a struggling control plane never sees a retry storm.
+The applications' values (AppInfo, ...) live in serving.control.serve_schema.
 """
 
 from __future__ import annotations
@@ -18,34 +23,40 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from serving.control import host
+from serving.control import breaker, host
+from serving.control.serve_schema import (
+    AppInfo,
+    AppStatus,
+    DeploymentInfo,
+    ReplicaInfo,
+    absent_app,
+    parse_applications,
+)
 from serving.dataplane.fetch import is_loopback_url
 
 if TYPE_CHECKING:
     from serving.control.cluster.config import RayTarget
 
+__all__ = [
+    "AppInfo",
+    "AppStatus",
+    "DeploymentInfo",
+    "ReplicaInfo",
+    "ServeApiClient",
+    "ServeApiError",
+    "ServeCircuitOpen",
+    "ServeDeployFailed",
+    "ServeWaitTimeout",
+    "parse_applications",
+]
 logger = logging.getLogger(__name__)
 APPLICATIONS_PATH = "/api/serve/applications/"
 DEFAULT_TIMEOUT_S = 10.0
 # Serve's answers to a bad config are pydantic reprs or controller tracebacks; keep str() readable.
 _MESSAGE_PREVIEW = 2000
-
-
-class AppStatus(StrEnum):
-    """An application's status as Serve reports it, plus ABSENT for "Serve does not list it"."""
-
-    NOT_STARTED = "NOT_STARTED"
-    DEPLOYING = "DEPLOYING"
-    DEPLOY_FAILED = "DEPLOY_FAILED"
-    RUNNING = "RUNNING"
-    UNHEALTHY = "UNHEALTHY"
-    DELETING = "DELETING"
-    ABSENT = "ABSENT"
 
 
 class ServeApiError(Exception):
@@ -76,6 +87,10 @@ class ServeApiError(Exception):
         return f"{where}{status}{detail}"
 
 
+class ServeCircuitOpen(ServeApiError):
+    """Refused without a call: the dashboard's circuit breaker is open (serving.control.breaker)."""
+
+
 class ServeDeployFailed(ServeApiError):
     """An application reached a failure status (DEPLOY_FAILED by default) while being waited on."""
 
@@ -91,103 +106,6 @@ class ServeWaitTimeout(ServeApiError, TimeoutError):
     def __init__(self, message: str, *, apps: Mapping[str, AppInfo]) -> None:
         super().__init__(message)
         self.apps = dict(apps)
-
-
-@dataclass(frozen=True)
-class ReplicaInfo:
-    """One replica actor of a deployment, as Serve lists it."""
-
-    app: str
-    deployment: str
-    replica_id: str
-    state: str
-    pid: int | None
-    actor_id: str | None
-    actor_name: str | None
-    node_id: str | None
-    node_ip: str | None
-    start_time_s: float | None
-
-
-@dataclass(frozen=True)
-class DeploymentInfo:
-    name: str
-    status: str
-    message: str
-    target_num_replicas: int | None
-    replicas: tuple[ReplicaInfo, ...]
-
-
-@dataclass(frozen=True)
-class AppInfo:
-    name: str
-    status: AppStatus
-    message: str
-    last_deployed_time_s: float
-    deployments: Mapping[str, DeploymentInfo]
-    # The portal revision in the router's deployed user_config (None for other apps): what
-    # Serve actually runs, to compare with what the portal applied last.
-    router_revision: int | None = None
-
-    @property
-    def replicas(self) -> list[ReplicaInfo]:
-        return [r for d in self.deployments.values() for r in d.replicas]
-
-
-def parse_applications(details: Mapping[str, Any]) -> dict[str, AppInfo]:
-    """Turn the GET answer (Serve's ServeInstanceDetails) into AppInfo values by name."""
-    apps: dict[str, AppInfo] = {}
-    for name, raw in (details.get("applications") or {}).items():
-        deployments = {
-            dep_name: _parse_deployment(name, dep_name, dep)
-            for dep_name, dep in (raw.get("deployments") or {}).items()
-        }
-        status = str(raw.get("status", ""))
-        apps[name] = AppInfo(
-            name=name,
-            status=AppStatus(status) if status in AppStatus.__members__ else AppStatus.NOT_STARTED,
-            message=str(raw.get("message") or ""),
-            last_deployed_time_s=float(raw.get("last_deployed_time_s") or 0.0),
-            deployments=deployments,
-            router_revision=_router_revision(raw.get("deployed_app_config")),
-        )
-    return apps
-
-
-def _router_revision(config: Any) -> int | None:
-    if not isinstance(config, Mapping):
-        return None
-    for deployment in config.get("deployments") or ():
-        if isinstance(deployment, Mapping) and deployment.get("name") == "router":
-            revision = (deployment.get("user_config") or {}).get("revision")
-            return int(revision) if isinstance(revision, int) else None
-    return None
-
-
-def _parse_deployment(app: str, name: str, raw: Mapping[str, Any]) -> DeploymentInfo:
-    replicas = tuple(
-        ReplicaInfo(
-            app=app,
-            deployment=name,
-            replica_id=str(r.get("replica_id", "")),
-            state=str(r.get("state", "")),
-            pid=r.get("pid"),
-            actor_id=r.get("actor_id"),
-            actor_name=r.get("actor_name"),
-            node_id=r.get("node_id"),
-            node_ip=r.get("node_ip"),
-            start_time_s=r.get("start_time_s"),
-        )
-        for r in raw.get("replicas") or ()
-    )
-    target = raw.get("target_num_replicas")
-    return DeploymentInfo(
-        name=name,
-        status=str(raw.get("status", "")),
-        message=str(raw.get("message") or ""),
-        target_num_replicas=int(target) if target is not None else None,
-        replicas=replicas,
-    )
 
 
 class ServeApiClient:
@@ -236,11 +154,49 @@ class ServeApiClient:
         *,
         authenticated: bool = True,
     ) -> tuple[int, str]:
-        """Send one request; return (status, text) for 2xx, raise ServeApiError otherwise."""
+        """Send one request; return (status, text) for 2xx, raise ServeApiError otherwise.
+
+        Guarded (serving.control.breaker): refused at once (ServeCircuitOpen) while the
+        dashboard's breaker is open; an attempt without an answer or with a 5xx is tried again,
+        backed off, only while the process's retry budget allows (a slow or failing control
+        plane must never see a retry storm)."""
+        url = self.dashboard_url + path
+        if urlsplit(url).scheme not in ("http", "https"):
+            raise ServeApiError("dashboard URL must be http(s)", method=method, url=url)
+        guard = breaker.guard_for(self.dashboard_url)
+        if not guard.allow():
+            raise ServeCircuitOpen(
+                "the Serve API circuit breaker is open (failed or slow calls in a row, the "
+                f"last: {guard.last_error}); the next probe within {guard.settings.cooldown_s:g} s",
+                method=method,
+                url=url,
+            )
+        retries = 0
+        while True:
+            started = time.monotonic()
+            try:
+                answer = self._send(method, url, body, authenticated=authenticated)
+            except ServeApiError as exc:
+                failed = exc.status is None or exc.status >= 500
+                guard.record(ok=not failed, latency_s=time.monotonic() - started, error=str(exc))
+                if (
+                    not failed
+                    or retries >= guard.settings.max_retries_per_call
+                    or not guard.retry_allowed()
+                ):
+                    raise
+                retries += 1
+                time.sleep(guard.settings.backoff_s * 2 ** (retries - 1))
+                continue
+            guard.record(ok=True, latency_s=time.monotonic() - started)
+            return answer
+
+    def _send(
+        self, method: str, url: str, body: Mapping[str, Any] | None, *, authenticated: bool
+    ) -> tuple[int, str]:
         delay = host.call_delay()
         if delay > 0:  # a control_plane_delay drill is in force (see the module doc)
             time.sleep(delay)
-        url = self.dashboard_url + path
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Accept": "application/json"}
         if data is not None:
@@ -248,8 +204,6 @@ class ServeApiClient:
         if authenticated:
             headers["Authorization"] = f"Bearer {self._token}"
         req = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310 (the URL is the configured dashboard, http(s) only)
-        if urlsplit(url).scheme not in ("http", "https"):
-            raise ServeApiError("dashboard URL must be http(s)", method=method, url=url)
         try:
             with self._opener.open(req, timeout=self.timeout) as resp:
                 return int(resp.status), resp.read().decode(errors="replace")
@@ -257,7 +211,7 @@ class ServeApiClient:
             with exc:  # the error carries the open response; close it with the body read
                 text = exc.read().decode(errors="replace").strip()
             raise ServeApiError(
-                f"Serve REST API refused {method} {path}",
+                f"Serve REST API refused {method} {urlsplit(url).path}",
                 status=exc.code,
                 serve_message=text,
                 method=method,
@@ -351,7 +305,7 @@ class ServeApiClient:
         deadline = time.monotonic() + timeout
         while True:
             current = self.applications()
-            report = {name: current.get(name) or _absent(name) for name in names}
+            report = {name: current.get(name) or absent_app(name) for name in names}
             settled = {
                 name: info
                 for name, info in report.items()
@@ -376,9 +330,3 @@ class ServeApiClient:
                     apps=report,
                 )
             time.sleep(interval)
-
-
-def _absent(name: str) -> AppInfo:
-    return AppInfo(
-        name=name, status=AppStatus.ABSENT, message="", last_deployed_time_s=0.0, deployments={}
-    )

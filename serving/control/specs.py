@@ -137,6 +137,12 @@ class DeploymentSpec:
     pool_access: bool = True  # False: the platform revoked the tenant's place in the pool
     suspended: str = ""  # why the tenant is suspended ("" when active): every request is a 403
     deployment_id: int = 0  # the portal's id (reconcile marks a refused deployment by it)
+    # Degraded tiers (serving.control.tier_apps): (name, slot) by entry threshold, the
+    # router's policy (thresholds, dwell, pin); and the hot-reload deadline of every slot.
+    tiers: tuple[tuple[str, SlotSpec], ...] = ()
+    tier_policy: dict[str, Any] = field(default_factory=dict)
+    reload_deadline_s: float = 60.0
+    standby_precision: str = "same"  # "float16": the standby copy's (serving.dataplane.standby)
 
     @property
     def app_name(self) -> str:

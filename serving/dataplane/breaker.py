@@ -39,6 +39,9 @@ class CircuitBreaker:
         self._events: deque[tuple[float, bool]] = deque()  # (time, failed)
         self._probes_in_flight = 0
         self._probe_successes = 0
+        # Cumulative (the router publishes them): times it opened, failures it recorded
+        # (upstream errors), requests it turned away (circuit_open).
+        self.trips = self.failures = self.turned_away = 0
 
     def _trim(self, now: float) -> None:
         horizon = now - self.config.window_s
@@ -56,18 +59,21 @@ class CircuitBreaker:
         now = self.clock()
         if self.state == OPEN:
             if now - self.opened_at < self.config.open_s:
+                self.turned_away += 1
                 return False
             self.state = HALF_OPEN
             self._probes_in_flight = 0
             self._probe_successes = 0
         if self.state == HALF_OPEN:
             if self._probes_in_flight >= self.config.half_open_probes:
+                self.turned_away += 1
                 return False
             self._probes_in_flight += 1
         return True
 
     def record(self, ok: bool) -> None:
         now = self.clock()
+        self.failures += not ok
         if self.state == HALF_OPEN:
             self._probes_in_flight = max(0, self._probes_in_flight - 1)
             if not ok:
@@ -86,6 +92,7 @@ class CircuitBreaker:
 
     def _open(self, now: float) -> None:
         self.state = OPEN
+        self.trips += 1
         self.opened_at = now
         self._events.clear()
 
@@ -94,4 +101,7 @@ class CircuitBreaker:
             "state": self.state,
             "failure_rate": round(self.failure_rate(), 4),
             "window_requests": len(self._events),
+            "trips": self.trips,
+            "failures": self.failures,
+            "turned_away": self.turned_away,
         }

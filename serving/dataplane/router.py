@@ -17,7 +17,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serving.dataplane import openai, tracing
+from serving.dataplane import openai, tiers, tracing
 from serving.dataplane.breaker import BreakerConfig, CircuitBreaker
 from serving.dataplane.faults import InjectedFault
 from serving.dataplane.guard import GuardConfig, Refused, check_lengths, parse_body
@@ -67,6 +67,7 @@ class Router:
         self.groups: dict[str, dict[str, Any]] = {}
         self.handles: dict[str, Any] = {}
         self.breakers: dict[str, CircuitBreaker] = {}
+        self.tiers = tiers.TierRouter(self)  # degraded modes (serving.dataplane.tiers)
         self.retirements = Retirements()
         self.recent = RecentRequests()
         self.replica = replica_id()
@@ -83,6 +84,7 @@ class Router:
         self.config = config
         self.publisher.configure(config.get("telemetry") or {})
         self.groups = dict(config.get("groups") or {})
+        self.tiers.configure(config.get("tiers"))
         self.guard = GuardConfig.from_dict(config.get("guard"))
         breaker_config = BreakerConfig.from_dict(config.get("breaker"))
         breakers = {}
@@ -192,7 +194,7 @@ class Router:
             prompt = openai.prompt_of(kind, body)
             life.to(ROUTING)
             requested = "stable" if probe_identity else request.headers.get("x-ab-group")
-            group = self._route(requested)
+            group = self.tiers.route(prompt, requested, probe_identity)
             breaker, handle = self._breaker(group), self.handles[group][1]
             life.group = group
             headers["x-ab-group"] = group
@@ -348,6 +350,7 @@ class Router:
             "at": time.time(),
             "pid": os.getpid(),
             "breakers": {n: self._breaker(n).snapshot() for n in self.groups},
+            "tier": self.tiers.snapshot(),
             "recent": self.recent.snapshot()[-50:],
             "config_digest": hashlib.sha256(repr(sorted(self.config)).encode()).hexdigest()[:12],
         }

@@ -5,7 +5,9 @@ inter-token latency (fixed bucket bounds in ms, so windows of replicas add up ex
 Published as one JSON value per replica in the hash `<prefix>:sli:<app>:<group>`, which the
 portal's health check reads for every deployment in one pipelined round trip. Each value also
 carries the replica's cumulative `totals` since it started (counters, like Prometheus'): the
-health check takes their deltas, so it loses nothing whatever its own interval.
+health check takes their deltas, so it loses nothing whatever its own interval. Its
+`signals` (serving.dataplane.signals) add failures by reason, queue wait, requests in flight
+and the weights' fingerprint.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from serving.dataplane.identity import process_identity
+from serving.dataplane.signals import ReplicaSignals, request_failure
 
 BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)  # + overflow bucket
 
@@ -115,14 +119,30 @@ class SliRecorder:
     """The current window, the last closed one and the cumulative totals since the replica
     started; `roll()` closes the current window into the totals."""
 
-    def __init__(self, app: str, group: str, version: str, replica: str) -> None:
+    def __init__(
+        self, app: str, group: str, version: str, replica: str, engine: dict[str, Any] | None = None
+    ) -> None:
         self.app, self.group, self.version, self.replica = app, group, version, replica
+        self.engine = engine or {}  # the engine's options (its batch size)
         self.node = ray_node_id()
         self.current = SliWindow()
         self.totals = SliWindow()
+        self.signals = ReplicaSignals()  # failures by reason, queue wait
         self.last: dict[str, Any] | None = None
 
-    def roll(self, kv: dict[str, Any] | None = None) -> dict[str, Any]:
+    def record(self, *, queued_s: float | None = None, **window: Any) -> None:
+        """Count one ended request in the current window, and its queue wait and failure
+        reason in the signals. Called from the request's `finally`: what failed it (a
+        refusal, an engine error) is the exception in flight."""
+        self.current.record(**window)
+        reason = None
+        if not window.get("ok"):
+            reason = request_failure(sys.exc_info()[1], bool(window.get("client_error")))
+        self.signals.ended(queued_s=queued_s, reason=reason)
+
+    def roll(
+        self, kv: dict[str, Any] | None = None, loaded: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         now = time.time()
         window = self.current.as_dict(now)
         self.totals.merge(self.current)
@@ -139,6 +159,7 @@ class SliRecorder:
             "window": window,
             "totals": self.totals.as_dict(now),
             "kv": kv or {},
+            "signals": self.signals.as_dict(loaded or {}, self.engine),
         }
         return self.last
 

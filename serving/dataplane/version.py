@@ -19,6 +19,7 @@ from serving.dataplane.guard import GuardConfig, Refused, check_lengths
 from serving.dataplane.openai import first_stop
 from serving.dataplane.publisher import Publisher, replica_id
 from serving.dataplane.sli import SliRecorder, publish
+from serving.dataplane.standby import Standby
 
 logger = logging.getLogger("ray.serve")
 
@@ -40,7 +41,7 @@ class VersionCore:
         self.tenants: dict[str, dict[str, Any]] = {}
         self.faults: dict[str, Any] = {}
         self.reloads: list[dict[str, Any]] = []
-        self.recorder = SliRecorder(app, group, "", replica_id())
+        self.recorder = SliRecorder(app, group, "", replica_id(), engine)
         # Started now: a drill's crash/hang faults spare replicas started after it was issued.
         self.chaos = FaultInjector(self.recorder.replica, started_at=time.time())
         self.publisher = Publisher(self._published, publish)
@@ -49,12 +50,13 @@ class VersionCore:
         self._probe_identities: set[str] = set()  # kv_pollution_probe tenants seen here
         self._departed: set[str] = set()  # tenants taken off this version, blocks to give back
         self.fetched: dict[str, Any] = {}  # how the loaded weights reached this node
+        self.standby = Standby()  # the last good weights, in memory (serving.dataplane.standby)
 
     def _published(self) -> dict[str, Any]:
         """Once a second: the SLI window for Redis, after giving back what a departed probe
         identity left in the KV cache (a fault that expired ends without a reconfigure)."""
         self._forget_departed_probes()
-        return self.recorder.roll(kv=self._kv_stats())
+        return self.recorder.roll(kv=self._kv_stats(), loaded=self.loaded)
 
     def _kv_stats(self) -> dict[str, Any]:
         metrics = self.engine.metrics() if self.engine is not None else {}
@@ -66,6 +68,7 @@ class VersionCore:
             "fault_leaked_mb": round(self.chaos.leaked_mb, 1),
             "fault_reload": reload,
             "artifact_fetch": self.fetched,
+            "standby": self.standby.snapshot(self.reloads),
         }
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
@@ -135,7 +138,10 @@ class VersionCore:
         started = time.time()
         drill = {"drill": forced[0], "nonce": forced[2]} if forced else {}
         try:
-            model, tokenizer, chat = await asyncio.to_thread(self._build_model, config)
+            hot = self.engine is not None  # a hot reload: within its deadline, or standby
+            model, tokenizer, chat = await self.standby.build(
+                self._build_model, config, hot=hot, forced=forced is not None
+            )
         except Exception as exc:
             self.reloads.append(
                 {
@@ -168,6 +174,7 @@ class VersionCore:
                 )
             )
         else:
+            self.standby.keep(self.engine.engine.model, self.tokenizer, self.chat, self.loaded)
             self.engine.swap_model(model)
         self.tokenizer, self.chat = tokenizer, chat
         self.loaded = {
@@ -183,6 +190,7 @@ class VersionCore:
                 "at": started,
                 "s": round(time.time() - started, 4),
                 "fetch": self.fetched,
+                "from": self.standby.last_source,
                 **drill,
             }
         )
@@ -298,7 +306,8 @@ class VersionCore:
             # Every request counts once: a refusal (4xx: the client's; 5xx: ours), a failure
             # before or after the first token, a cancellation, or a completion.
             gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-            self.recorder.current.record(
+            self.recorder.record(
+                queued_s=queued,
                 latency_s=time.time() - started,
                 ok=ok,
                 client_error=cancelled or (refused is not None and refused.status < 500),

@@ -45,6 +45,7 @@ class SettingsSerializer(serializers.Serializer):
     block_size = limited("block_size")
     guard = serializers.DictField(required=False)
     breaker = serializers.DictField(required=False)
+    tiers = serializers.JSONField(required=False, help_text="degraded tiers (docs/architecture)")
     engine = serializers.JSONField(
         required=False,
         help_text='the stable slot\'s engine: "builtin" or {"name": "vllm", "dtype": ..., '
@@ -94,6 +95,7 @@ class RevisionSerializer(serializers.ModelSerializer):
             "faults",
             "engine",
             "canary_engine",
+            "tiers",
             "created_at",
             "applied_at",
             "converged_at",

@@ -80,6 +80,7 @@ def replica_asks(spec: Mapping[str, Any] | None) -> list[dict[str, float]]:
     else:
         count = int(spec.get("num_replicas") or 1)
     slots = 2 if spec.get("canary_version_id") else 1
+    slots += len((spec.get("tiers") or {}).get("levels") or [])  # each tier: its own server
     one = {"CPU": float(spec["num_cpus"]), "GPU": float(spec["num_gpus"])}
     return [dict(one) for _ in range(count * slots)]
 
@@ -125,6 +126,8 @@ def _setting(short: Shortfall, spec: Mapping[str, Any], current: Mapping[str, An
     if current is not None:
         if spec.get("canary_version_id") and not current.get("canary_version_id"):
             return "canary_version"
+        if (spec.get("tiers") or {}).get("levels") and not (current.get("tiers") or {}):
+            return "tiers"
         if float(spec[short.setting]) > float(current[short.setting]) + _EPSILON:
             return short.setting
     return "autoscaling" if spec.get("autoscaling") else "num_replicas"

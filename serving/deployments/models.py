@@ -132,6 +132,7 @@ class Deployment(TenantOwned):
             return [base], [pool_app(revision.pool.name)]
         canary = [slot_app(self.tenant.slug, self.name, "canary")]
         own = [base] + (canary if revision.canary_version_id else [])
+        own += [slot_app(self.tenant.slug, self.name, t["name"]) for t in tier_levels(revision)]
         if (revision.engine or {}).get("name") == "vllm":  # serving.control.compile
             own.insert(1, slot_app(self.tenant.slug, self.name, "stable"))
         return own, []
@@ -157,7 +158,13 @@ SPEC_FIELDS = (
     "key_hashes",
     "engine",
     "canary_engine",
+    "tiers",
 )
+
+
+def tier_levels(revision: DeploymentRevision) -> list[dict[str, Any]]:
+    """A revision's degraded tiers (serving.deployments.services.tiers), each its own app."""
+    return list((revision.tiers or {}).get("levels") or [])
 
 
 class DeploymentRevision(TenantOwned):
@@ -192,6 +199,8 @@ class DeploymentRevision(TenantOwned):
     # there is one (a canary may change the engine: built-in -> vLLM).
     engine = models.JSONField(default=builtin_engine, blank=True)
     canary_engine = models.JSONField(null=True, blank=True)
+    # Degraded tiers and their policy (serving.deployments.services.tiers); {}: none.
+    tiers = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -24,6 +24,7 @@ from portal.statelog import state_changed
 from serving.control import isolate
 from serving.control.capacity import ClusterCapacity
 from serving.control.cluster import RayTarget, ray_target_from_env
+from serving.control.names import is_portal_app
 from serving.control.serve_api import AppInfo, AppStatus, ServeApiClient
 from serving.deployments import capacity
 from serving.deployments.models import (
@@ -96,7 +97,9 @@ def reconcile(
             have = {app["name"] for unit in applied.values() for app in unit.apps}
             # Imperative applications of other owners (`serve.run`) are not the portal's to
             # apply: Serve leaves them be, and their presence changes nothing here.
-            running = {name for name in client.applications() if _ours(name) or name in have}
+            running = {
+                name for name in client.applications() if is_portal_app(name) or name in have
+            }
             if not force and lock.last_digest == run.config_digest and running == have and applied:
                 run.skipped = True
                 run.applications = len(have)
@@ -129,16 +132,6 @@ def reconcile(
 
 
 REFUSED = "REFUSED"
-
-
-def _ours(app: str) -> bool:
-    from serving.control.names import BadName, parse_app
-
-    try:
-        parse_app(app)
-    except BadName:
-        return False
-    return True
 
 
 def _record_outcome(outcome: isolate.Outcome, revisions: dict[str, int], now: Any) -> None:

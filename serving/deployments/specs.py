@@ -1,7 +1,8 @@
 """The desired state, read from the rows: every live deployment's current revision (and the
 shared pools) as specs, the GPU samplers, the Serve config and the unit plan compiled from them
 and their digests; and config drift, where Serve runs another revision than the one the portal
-applied. Reads only: reconcile() (serving.deployments.reconcile) applies what this builds.
+applied (the graded, whole-config comparison is serving.deployments.drift). Reads only:
+reconcile() (serving.deployments.reconcile) applies what this builds.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from serving.control.serve_api import AppInfo, ServeApiClient
 from serving.deployments.keys import cache_salt_hex, probe_key_hashes
 from serving.deployments.models import Deployment, DeploymentRevision, KvMode, SharedPool
 from serving.deployments.selectors import pool_share
+from serving.deployments.tier_specs import tier_fields, tier_version_ids
 from serving.registry import delivery
 from serving.registry.models import ModelVersion
 from tenants.models import Quota
@@ -93,6 +95,7 @@ def _spec(
         pool_slots=pool_slots,
         pool_access=pool_access,
         suspended="" if tenant.is_active else "the platform suspended it",
+        **tier_fields(revision, _slot),
     )
 
 
@@ -213,6 +216,7 @@ def live_versions() -> list[ModelVersion]:
         if pk is not None
     }
     ids |= set(SharedPool.objects.values_list("model_version_id", flat=True))
+    ids |= tier_version_ids(live.values_list("current_revision__tiers", flat=True))
     return list(ModelVersion.objects.filter(pk__in=ids).order_by("pk"))
 
 
@@ -237,6 +241,19 @@ def compiled_config(
     return config, revision_ids
 
 
+def plan_base(target: RayTarget) -> isolate.Plan:
+    """A plan without units: what wraps every application the portal PUTs (HTTP options,
+    placement, runtime env); `plan_base(t).config(units)` is the config PUT for `units`."""
+    http = dict(target.serve_http_options) or {"host": "127.0.0.1", "port": 8001}
+    return isolate.Plan(
+        http_host=str(http.get("host", "127.0.0.1")),
+        http_port=int(http.get("port", 8001)),
+        placement=placement(target),
+        # The portal's OTLP settings, for the replicas' spans (portal.tracing).
+        runtime_env={"env_vars": tracing.dataplane_env()} if tracing.enabled() else None,
+    )
+
+
 def plan(
     target: RayTarget, client: ServeApiClient | None = None
 ) -> tuple[isolate.Plan, dict[str, int]]:
@@ -244,14 +261,7 @@ def plan(
     by one so that one that cannot be compiled is refused alone; also each deployment unit's
     revision id."""
     specs, pools, revision_ids = desired_state()
-    http = dict(target.serve_http_options) or {"host": "127.0.0.1", "port": 8001}
-    result = isolate.Plan(
-        http_host=str(http.get("host", "127.0.0.1")),
-        http_port=int(http.get("port", 8001)),
-        placement=placement(target),
-        # The portal's OTLP settings, for the replicas' spans (portal.tracing).
-        runtime_env={"env_vars": tracing.dataplane_env()} if tracing.enabled() else None,
-    )
+    result = plan_base(target)
     telemetry = _telemetry()
     client = client or target.serve_client()
     for name, config in sorted(isolate.foreign_declarative(client.details()).items()):

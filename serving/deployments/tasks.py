@@ -73,13 +73,18 @@ def refresh_deployment_status() -> dict[int, str]:
         return {}
     try:
         from serving.control.cluster import ray_target_from_env
+        from serving.deployments.drift import drift_check
 
-        client = ray_target_from_env().serve_client()
+        target = ray_target_from_env()
+        client = target.serve_client()
+        read_at = time.time()
         apps = client.applications()
         drifted = control.config_drift(apps)
-        if drifted:  # Serve runs an older config than the portal applied: apply it again
-            logger.warning("Serve runs stale configs of %s: reconciling", ", ".join(drifted))
-            control.reconcile(force=True, client=client)
+        check = drift_check(apps=apps, read_at=read_at, target=target)
+        if drifted or check.reconcile_needed:  # Serve runs another config: apply ours again
+            graded = [f"{f.unit} {f.grade}" for f in check.findings]
+            logger.warning("Serve runs drifted configs (%s): reconciling", drifted + graded)
+            control.reconcile(force=True, target=target, client=client)
         elif ray_agents and control.gpu_nodes_changed(client, apps):
             logger.info("Ray nodes joined or left: declaring one GPU sampler per node")
             control.reconcile(client=client)

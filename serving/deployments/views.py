@@ -17,12 +17,14 @@ from serving.deployments import forms
 from serving.deployments import selectors as deployment_selectors
 from serving.deployments import services as deployments
 from serving.deployments.capacity import capacity_view
+from serving.deployments.drift import drift_state
 from serving.deployments.models import (
     SPEC_FIELDS,
     Deployment,
     DeploymentRevision,
     InferenceKey,
 )
+from serving.deployments.recovery import deployment_recovery
 from serving.registry import selectors
 from serving.registry.models import ModelVersion, VersionStatus
 from tenants.models import Scope, Tenant
@@ -178,6 +180,8 @@ def _deployment_page(
         "pool_share": deployment_selectors.deployment_pool_share(
             tenant=tenant, deployment=deployment
         ),
+        "recovery": deployment_recovery(deployment=deployment),
+        "drift": drift_state(deployment),
         "d": deployment,
         "rev": revision,
         "history": _revision_history(tenant, deployment),
@@ -219,7 +223,11 @@ def deployment_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpRespon
 def deployment_status(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
     """The live status panel; htmx polls it every 2 s."""
     deployment = deployment_selectors.deployment_get(tenant=tenant, pk=pk)
-    context = {"d": deployment, "rev": deployment.current_revision}
+    context = {
+        "d": deployment,
+        "rev": deployment.current_revision,
+        "drift": drift_state(deployment),
+    }
     return render(request, "serving/_deployment_status.html", context)
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 if TYPE_CHECKING:
     from serving.deployments.models import Deployment, DeploymentRevision
     from serving.ops.models import Rollback, Rollout
+    from serving.ops.remediation.models import RemediationRun, RemediationStep
 
 Group = Literal["stable", "canary"]
 Stage = Literal["started", "finished"]
@@ -34,6 +35,23 @@ class SlotAlerts:
     group: Group
     alerts: Sequence[Any]
     detected_at: datetime
+
+
+@dataclass(frozen=True)
+class ReloadFailed:
+    """One failed hot reload of a replica (an error or an overrun deadline; the old weights
+    kept serving), told once (serving.ops.health.reloads). `slot`: stable, canary or a tier."""
+
+    deployment: Deployment
+    slot: str
+    replica: str
+    failure: dict[str, Any]  # artifact, version, error, at (serving.dataplane.standby)
+    detected_at: datetime
+
+    @property
+    def key(self) -> str:
+        """The failure's identity, the same at every tick that sees it."""
+        return f"reload-failed:{self.slot}:{self.replica[:40]}:{float(self.failure['at']):.3f}"
 
 
 class OpsListener(Protocol):
@@ -56,6 +74,16 @@ class OpsListener(Protocol):
 
     def rollback_progressed(self, *, rollback: Rollback, stage: Stage) -> None:
         """A rollback started switching traffic, or finished."""
+        ...
+
+    def remediation_progressed(
+        self, *, run: RemediationRun, step: RemediationStep | None, message: str
+    ) -> None:
+        """A remediation run started, ran a step (`step`), or ended (step None)."""
+        ...
+
+    def reload_failed(self, event: ReloadFailed) -> bool:
+        """Alert on a failed reload unless told of it before; True when alerted now."""
         ...
 
 
@@ -97,3 +125,14 @@ def rollout_failed(
 def rollback_progressed(*, rollback: Rollback, stage: Stage) -> None:
     for listener in _listeners:
         listener.rollback_progressed(rollback=rollback, stage=stage)
+
+
+def remediation_progressed(
+    *, run: RemediationRun, step: RemediationStep | None, message: str
+) -> None:
+    for listener in _listeners:
+        listener.remediation_progressed(run=run, step=step, message=message)
+
+
+def reload_failed(event: ReloadFailed) -> bool:
+    return any([listener.reload_failed(event) for listener in _listeners])

@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from serving.ops.views import checks as check_views
 from serving.ops.views import health as ops_views
 from serving.ops.views import rollouts as rollout_views
 
@@ -65,5 +66,39 @@ urlpatterns = [
         "deployments/<int:pk>/rollbacks/",
         rollout_views.rollbacks_panel,
         name="serving-deployment-rollbacks",
+    ),
+    # A version's golden prompts and checks (ops reads the contract; the registry's URL shape).
+    path(
+        "models/<int:pk>/versions/<int:version_pk>/",
+        check_views.version_page,
+        name="serving-version",
+    ),
+    path(
+        "models/<int:pk>/versions/<int:version_pk>/golden/",
+        check_views.version_golden,
+        name="serving-version-golden",
+    ),
+    path(
+        "models/<int:pk>/versions/<int:version_pk>/checks/",
+        check_views.version_checks,
+        name="serving-version-checks",
+    ),
+    path(
+        "models/<int:pk>/versions/<int:version_pk>/verify/",
+        check_views.version_check_start,
+        {"kind": "verify"},
+        name="serving-version-verify",
+    ),
+    path(
+        "models/<int:pk>/versions/<int:version_pk>/benchmark/",
+        check_views.version_check_start,
+        {"kind": "benchmark"},
+        name="serving-version-benchmark",
+    ),
+    path("version-checks/<int:check_pk>/", check_views.check_page, name="serving-version-check"),
+    path(
+        "version-checks/<int:check_pk>/live/",
+        check_views.check_live,
+        name="serving-version-check-live",
     ),
 ]

@@ -108,6 +108,9 @@ class ModelVersion(TenantOwned):
     # The engines this version is validated for (serving.engine.choice.ENGINES): asked at
     # registration, each checked by validation; a deployment may run it only on these.
     engines = models.JSONField(default=default_engines, blank=True)
+    # Golden prompts and the greedy answers this version gave at validation
+    # (serving.registry.golden): the output-consistency probe replays them.
+    golden = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -29,3 +29,13 @@ def validate_version(version_id: int) -> str | None:
         return None
     result = services.version_validate(tenant=version.tenant, version_id=version_id)
     return None if result is None else result.status
+
+
+@task(name="serving.record_golden", queue="validation", time_limit=600, idempotent=True)
+def record_golden(version_id: int, prompts: list[str]) -> int | None:
+    """Record a ready version's answers to its golden prompts (the defaults and `prompts`);
+    a gone version is left alone. Returns how many were recorded."""
+    from serving.registry.services.golden import version_golden_record
+
+    version = version_golden_record(version_id=version_id, prompts=prompts)
+    return None if version is None else len((version.golden or {}).get("prompts", []))

@@ -24,6 +24,7 @@ from serving.slo.counts import (
     target_of,
 )
 from serving.slo.model import HISTOGRAMS, QUANTILES, Contract, FastRule, Objective, format_duration
+from serving.slo.signals import SIGNAL_SLIS, observed_value
 
 _ACTION_RANK = {"notify": 1, "pause": 2, "rollback": 3}
 
@@ -115,7 +116,9 @@ def evaluate(
 
     `windows`: window length in seconds -> Counts of the last that-many seconds (a missing one
     is empty). `observations`: {"drift": {feature: [counts per reference bin]},
-    "freshness": {feature: age_seconds}}. `min_requests`: events the short window of a burn
+    "freshness": {feature: age_seconds}, "signals": {"now", "values" (or "series"), "divergence",
+    "coverage"}, "consistency": {group: score}, "group": the slot's group} (the signal SLIs:
+    serving.slo.signals). `min_requests`: events the short window of a burn
     alert needs before it may fire.
     """
     empty = Counts()
@@ -258,6 +261,16 @@ def _gauge_status(
                 f"'{objective.feature}' last updated {format_duration(int(value))} ago "
                 f"(maximum {format_duration(objective.max_age)})"
             )
+    elif objective.sli in SIGNAL_SLIS and limit is not None:
+        value, detail = observed_value(
+            objective.sli, objective.window, objective.reason, observations
+        )
+        if value is not None:
+            ok = value <= limit if SIGNAL_SLIS[objective.sli][0] == "max" else value >= limit
+            unit = SIGNAL_SLIS[objective.sli][1]
+            bound = "maximum" if SIGNAL_SLIS[objective.sli][0] == "max" else "minimum"
+            shown = f"{objective.sli} {value:.4g}{' ' + unit if unit else ''}"
+            detail = f"{shown} ({bound} {limit:g}){'; ' + detail if detail else ''}"
     else:
         detail = "incomplete objective"
     return ObjectiveStatus(

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from serving.slo.signals import SIGNAL_SLIS, SLI_SIGNALS
+
 API_VERSION = "aiops.portal/v1"
 KIND = "SlaContract"
 
@@ -30,10 +32,19 @@ HISTOGRAMS: dict[str, str] = {
     "itl_p95": "itl",
 }
 RATIO_SLIS: tuple[str, ...] = ("availability", "error_rate", *QUANTILES)
-GAUGE_SLIS: tuple[str, ...] = ("tokens_per_s", "drift_psi", "feature_freshness")
+GAUGE_SLIS: tuple[str, ...] = ("tokens_per_s", "drift_psi", "feature_freshness", *SIGNAL_SLIS)
 ALL_SLIS: tuple[str, ...] = RATIO_SLIS + GAUGE_SLIS
 FAST_SLIS: tuple[str, ...] = ("error_rate", *QUANTILES)
-ACTIONS: tuple[str, ...] = ("rollback", "pause", "notify")
+# rollback, pause, notify; and the remediation actions (serving.slo.remediation).
+ACTIONS: tuple[str, ...] = (
+    "rollback",
+    "pause",
+    "notify",
+    "scale_out",
+    "restart_replicas",
+    "shed_load",
+    "switch_to_fallback",
+)
 SEVERITIES: tuple[str, ...] = ("page", "ticket")
 GATE_MODES: tuple[str, ...] = ("block", "review", "off")
 
@@ -85,6 +96,7 @@ class Objective:
     feature: str | None = None  # drift_psi, feature_freshness
     reference: Reference | None = None  # drift_psi
     max_age: int | None = None  # feature_freshness, seconds
+    reason: str | None = None  # errors_by_reason
 
     @property
     def kind(self) -> str:
@@ -99,6 +111,8 @@ class Objective:
             return self.max
         if self.sli == "feature_freshness":
             return None if self.max_age is None else float(self.max_age)
+        if self.sli in SIGNAL_SLIS:
+            return self.max if SIGNAL_SLIS[self.sli][0] == "max" else self.min
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,6 +135,13 @@ class Objective:
         elif self.sli == "feature_freshness":
             out["feature"] = self.feature
             out["max_age"] = format_duration(self.max_age or 0)
+        elif self.sli in SIGNAL_SLIS:
+            direction, _, windowed = SIGNAL_SLIS[self.sli]
+            if self.reason is not None:
+                out["reason"] = self.reason
+            out[direction] = self.limit
+            if windowed:
+                out["window"] = format_duration(self.window or DEFAULT_GAUGE_WINDOW)
         return out
 
     @classmethod
@@ -133,7 +154,7 @@ class Objective:
         elif sli in QUANTILES and target is None:
             target = QUANTILES[sli]
         window = data.get("window")
-        if sli == "tokens_per_s":
+        if sli == "tokens_per_s" or (sli in SIGNAL_SLIS and SIGNAL_SLIS[sli][2]):
             window = window or format_duration(DEFAULT_GAUGE_WINDOW)
         reference = data.get("reference")
         threshold = data.get("threshold_ms")
@@ -154,6 +175,7 @@ class Objective:
                 counts=tuple(reference["counts"]),
             ),
             max_age=None if max_age is None else parse_duration(str(max_age)),
+            reason=None if data.get("reason") is None else str(data["reason"]),
         )
 
 
@@ -274,6 +296,17 @@ class Contract:
     fast: tuple[FastRule, ...] = ()
     alerts: tuple[AlertRule, ...] = DEFAULT_ALERTS
     gate: Gate = field(default_factory=Gate)
+    critical_signals: tuple[str, ...] | None = None  # None: the signals the objectives read
+    # spec.remediation as validated (typed by serving.slo.remediation.chains_of).
+    remediation: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def critical(self) -> tuple[str, ...]:
+        """The SLO-critical signals observability coverage is measured against."""
+        if self.critical_signals is not None:
+            return self.critical_signals
+        read = {s for o in self.objectives for s in SLI_SIGNALS.get(o.sli, ())}
+        return tuple(sorted(read))
 
     def objective(self, name: str) -> Objective:
         for objective in self.objectives:
@@ -301,7 +334,10 @@ class Contract:
         for alert in self.alerts:
             lengths.update((alert.long, alert.short))
         lengths.update(rule.for_seconds for rule in self.fast)
-        lengths.update(o.window for o in self.objectives if o.window is not None)
+        # Signal SLIs read the health tick's series, not Counts windows.
+        lengths.update(
+            o.window for o in self.objectives if o.window is not None and o.sli not in SIGNAL_SLIS
+        )
         return sorted(lengths)
 
     def to_dict(self) -> dict[str, Any]:
@@ -316,6 +352,10 @@ class Contract:
             spec["fast"] = [rule.to_dict() for rule in self.fast]
         spec["alerts"] = [alert.to_dict() for alert in self.alerts]
         spec["gate"] = self.gate.to_dict()
+        if self.critical_signals is not None:
+            spec["critical_signals"] = list(self.critical_signals)
+        if self.remediation:
+            spec["remediation"] = [dict(chain) for chain in self.remediation]
         return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
 
     @classmethod
@@ -336,4 +376,8 @@ class Contract:
             fast=tuple(FastRule.from_dict(r) for r in spec.get("fast", ())),
             alerts=alerts,
             gate=Gate.from_dict(spec.get("gate", {})),
+            critical_signals=None
+            if spec.get("critical_signals") is None
+            else tuple(str(s) for s in spec["critical_signals"]),
+            remediation=tuple(dict(c) for c in spec.get("remediation", ())),
         )

@@ -28,6 +28,8 @@ from serving.slo.model import (
     format_duration,
     parse_duration,
 )
+from serving.slo.remediation import remediation_problems
+from serving.slo.signals import FRACTION_SLIS, SERIES_WINDOW, SIGNAL_SLIS
 from serving.slo.source import compose, line_of
 
 __all__ = ["ContractError", "FieldError", "parse_contract", "schema", "validate_document"]
@@ -47,6 +49,11 @@ _TAKES = {
     "tokens_per_s": "min and an optional window",
     "drift_psi": "feature, max and reference",
     "feature_freshness": "feature and max_age",
+    **{
+        sli: f"{d}{' and reason' if sli == 'errors_by_reason' else ''}"
+        + (" and an optional window" if windowed else "")
+        for sli, (d, _, windowed) in SIGNAL_SLIS.items()
+    },
 }
 _TYPE_NAMES = {
     "number": "a number",
@@ -176,6 +183,7 @@ def _semantics(data: Mapping[str, Any]) -> list[Problem]:
     problems += _fast_problems(spec.get("fast", []))
     problems += _alert_problems(spec.get("alerts"), window, spec["window"])
     problems += _gate_problems(spec.get("gate"), spec["objectives"])
+    problems += remediation_problems(spec)
     return problems
 
 
@@ -216,9 +224,14 @@ def _objective_problems(objectives: list[dict[str, Any]]) -> list[Problem]:
             problems.append(((*at, "threshold_ms"), message))
         if "window" in objective:
             seconds = parse_duration(objective["window"])
-            if not GAUGE_WINDOW[0] <= seconds <= GAUGE_WINDOW[1]:
-                message = _range_message(objective["window"], *GAUGE_WINDOW)
+            span = SERIES_WINDOW if objective["sli"] in SIGNAL_SLIS else GAUGE_WINDOW
+            if not span[0] <= seconds <= span[1]:
+                message = _range_message(objective["window"], *span)
                 problems.append(((*at, "window"), message))
+        for bound in ("max", "min"):
+            if objective["sli"] in FRACTION_SLIS and objective.get(bound, 0) > 1:
+                message = f"must be at most 1 for sli '{objective['sli']}' (a fraction)"
+                problems.append(((*at, bound), message))
         if "max_age" in objective and parse_duration(objective["max_age"]) < 1:
             problems.append(((*at, "max_age"), "must be at least 1s"))
         reference = objective.get("reference")

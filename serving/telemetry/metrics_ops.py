@@ -2,7 +2,8 @@
 web process exports the same numbers: rollbacks and reconciles (their rows, aggregated in SQL:
 a counter goes down only if rows are deleted, which Prometheus reads as a reset), the health
 tick's durations (a histogram the tick adds to in Redis), the Celery queues' depths (the
-broker's lists) and the HTTP requests of every web process (portal.http_metrics)."""
+broker's lists), the HTTP requests of every web process (portal.http_metrics) and the Serve API
+guard of every process (with the reconciles: serving.deployments.controlplane)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from portal import http_metrics
+from serving.deployments import controlplane
 from serving.deployments.models import ReconcileRun
 from serving.ops.health import TICK_BUCKETS_S, tick_stats
 from serving.ops.models import Rollback, RollbackStatus
@@ -170,6 +172,53 @@ class ReconcileCollector(Collector):
             durations.add_metric([row["outcome"]], buckets, float(row["total"] or 0) / 1000)
             last.add_metric([row["outcome"]], row["last"].timestamp())
         yield from (total, durations, last)
+        yield from control_plane_families(controlplane.guard_snapshots())
+
+
+_GUARD_COUNTERS = {
+    "requests": "Serve API requests asked for (each caller's call once, retries not counted).",
+    "http_calls": "HTTP calls the Serve API client made (first attempts, retries and probes).",
+    "retries": "Serve API calls retried within the retry budget.",
+    "retries_denied": "Serve API retries the budget refused (a retry storm avoided).",
+    "rejected": "Serve API requests refused at once because the circuit breaker was open.",
+    "breaker_opened": "Times the Serve API circuit breaker opened.",
+}
+
+
+def control_plane_families(snapshots: Sequence[Mapping[str, Any]]) -> list[Metric]:
+    """The Serve API guard of every process that calls Serve (serving.control.breaker, published
+    by serving.deployments.controlplane): breaker state, counts, recent latency."""
+    labels = ["process", "endpoint"]
+    state = GaugeMetricFamily(
+        "portal_serve_api_breaker_state",
+        "1 for the Serve API circuit breaker's current state (closed, open, half_open).",
+        labels=[*labels, "state"],
+    )
+    counters = {
+        name: CounterMetricFamily(f"portal_serve_api_{name}", doc, labels=labels)
+        for name, doc in _GUARD_COUNTERS.items()
+    }
+    latency = GaugeMetricFamily(
+        "portal_serve_api_latency_seconds",
+        "Recent Serve API call latency (last, p50 and max of the last 50 calls).",
+        labels=[*labels, "stat"],
+    )
+    tokens = GaugeMetricFamily(
+        "portal_serve_api_retry_tokens", "Retries the budget allows now.", labels=labels
+    )
+    for snap in snapshots:
+        key = [str(snap["process"]), str(snap["endpoint"])]
+        for name in ("closed", "open", "half_open"):
+            state.add_metric([*key, name], 1.0 if snap["state"] == name else 0.0)
+        for name, family in counters.items():
+            family.add_metric(
+                key, float(snap.get("opened" if name == "breaker_opened" else name, 0))
+            )
+        for stat in ("last", "p50", "max"):
+            if snap.get(f"latency_{stat}_s") is not None:
+                latency.add_metric([*key, stat], float(snap[f"latency_{stat}_s"]))
+        tokens.add_metric(key, float(snap.get("retry_tokens", 0)))
+    return [state, *counters.values(), latency, tokens]
 
 
 class HealthTickCollector(Collector):

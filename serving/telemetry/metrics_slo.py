@@ -109,6 +109,7 @@ class SloCollector(Collector):
         names = deployment_names(ids)
         yield from sli_families(states, names)
         yield from slo_families(infos, names)
+        yield from signal_families(infos, names)
 
 
 def sli_families(
@@ -197,3 +198,56 @@ def slo_families(
             for key, n in sorted(counted.items()):
                 firing.add_metric([*slot, *key], float(n))
     yield from (burn, budget, met, firing, evaluated)
+
+
+def signal_families(
+    infos: Mapping[str, Any], names: Mapping[int, tuple[str, str]]
+) -> Iterator[Metric]:
+    """The signal SLIs of every slot at the last health tick (serving.slo.signals): each
+    windowed one over the summary window, errors by reason, state divergence and its parts,
+    observability coverage and the critical signals a slot misses."""
+    value = GaugeMetricFamily(
+        "portal_slo_signal",
+        "A signal SLI of the slot at the last health tick (latency_p99_jitter and ttft_jitter "
+        "ms, throughput_cv, cache_hit_decay %/min, queue_wait_ms ms, saturation, kv_use, "
+        "batch_occupancy ratios, breaker_trips, state_divergence, coverage, output_consistency "
+        "in [0, 1]); windowed ones over the last `window_s` (5 minutes). Absent: no data.",
+        labels=[*SLOT, "signal"],
+    )
+    reasons = GaugeMetricFamily(
+        "portal_slo_errors_by_reason_ratio",
+        "Share of the slot's requests that failed with a reason (kv_quota, circuit_open, "
+        "upstream, out_of_memory, timeout, other) over the last 5 minutes.",
+        labels=[*SLOT, "reason"],
+    )
+    parts = GaugeMetricFamily(
+        "portal_slo_state_divergence_part",
+        "The parts of the state divergence score: share of replicas off the desired weights, "
+        "spread of KV use, spread of error ratios.",
+        labels=[*SLOT, "part"],
+    )
+    missing = GaugeMetricFamily(
+        "portal_slo_coverage_missing",
+        "1 for each SLO-critical signal the slot does not collect (coverage below 1).",
+        labels=[*SLOT, "signal"],
+    )
+    for deployment_id, info in sorted(infos.items()):
+        owner = names.get(int(deployment_id)) if deployment_id.isdigit() else None
+        if owner is None or not isinstance(info, dict):
+            continue
+        for group, found in sorted((info.get("signals") or {}).items()):
+            slot = [*owner, group]
+            for name, number in sorted((found.get("values") or {}).items()):
+                if isinstance(number, int | float):
+                    value.add_metric([*slot, name], float(number))
+            by_reason = (found.get("values") or {}).get("errors_by_reason") or {}
+            for reason, ratio in sorted(by_reason.items()):
+                if ratio is not None:
+                    reasons.add_metric([*slot, reason], float(ratio))
+            for part in ("weights", "kv", "errors"):
+                share = (found.get("divergence") or {}).get(part)
+                if share is not None:
+                    parts.add_metric([*slot, part], float(share))
+            for signal in (found.get("coverage") or {}).get("missing") or []:
+                missing.add_metric([*slot, str(signal)], 1.0)
+    yield from (value, reasons, parts, missing)

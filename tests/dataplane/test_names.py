@@ -63,6 +63,7 @@ def test_a_name_is_refused_only_when_it_could_be_ambiguous(slug: str, name: str)
         assert "tenant slug" in str(exc)
         return
     assert names.parse_app(app) == ("deployment", slug, name)
+    assert names.is_portal_app(app) and not names.is_portal_app(f"{app}.x.y")
     assert names.route_prefix(slug, name) == f"/{slug}/{name}"
     assert not names.route_prefix(slug, name).startswith("/-/")  # Serve's own routes
 

@@ -303,6 +303,37 @@ def test_a_hostile_tenant_cannot_break_slow_starve_or_reach_its_neighbour(
                            content_type="application/x-tar")  # fmt: skip
     refused.expect("upload beyond the upload cap", response, 413, "artifact")
 
+    # --- version checks: the neighbour's version, a load test beyond the bounds -----------------
+    theirs = _served(world_b).current_revision.stable_version
+    mine = assistant.current_revision.stable_version
+    for model_pk in (theirs.model_id, mine.model_id):
+        url = f"/api/v1/models/{model_pk}/versions/{theirs.pk}/verify/"
+        response = api.post(url, {"deployment_id": assistant.pk}, format="json")
+        assert response.status_code == 404, response.content
+    refused.rows.append(("verifying the neighbour's version", 404, "not found"))
+    checks = f"/api/v1/models/{mine.model_id}/versions/{mine.pk}"
+    too_much = [
+        ("a load test beyond the concurrency bound", "verify", {"concurrency": 512}, "concurrency"),
+        ("a benchmark beyond the request bound", "benchmark", {"requests": 10**6}, "requests"),
+        ("a load test beyond the duration bound", "verify", {"duration_s": 86400}, "duration_s"),
+        (
+            "a drift sample beyond its bound",
+            "verify",
+            {"drift_sample": {"feature": "f", "values": [0] * 5001}},
+            "drift_sample.values",
+        ),
+    ]
+    for what, path, body, named in too_much:
+        body = {"deployment_id": assistant.pk, **body} if path == "verify" else body
+        response = api.post(f"{checks}/{path}/", body, format="json")
+        refused.expect(what, response, 400, named)
+    response = api.put(f"{checks}/golden/", {"prompts": ["p"] * 50}, format="json")
+    refused.expect("more golden prompts than the bound", response, 400, "prompts")
+    response = api.put(f"{checks}/golden/", {"prompts": ["p" * 5000]}, format="json")
+    refused.expect("a golden prompt beyond its length", response, 400, "prompts[0]")
+    url = f"/api/v1/models/{theirs.model_id}/versions/{theirs.pk}/golden/"
+    assert api.put(url, {"prompts": ["mine now"]}, format="json").status_code == 404
+
     # --- a chat template that tries to leave Jinja's sandbox, or to loop for ever -----------------
     for label, template in [
         ("escape", "{{ ''.__class__.__mro__[1].__subclasses__() }}"),
@@ -489,3 +520,59 @@ def test_the_drills_a_tenant_may_run_stay_on_its_own_replicas(
         print(f"\nhostile drills beside the neighbour: {verdicts}; neighbour "
               f"{len(neighbour.latencies)} requests, 0 failed, p99 {neighbour.p99() * 1000:.1f} "
               f"ms; hostile answers {dict(hostile_traffic.statuses)}")  # fmt: skip
+
+
+def test_a_hostile_tenants_remediation_chains_are_bounded_and_stay_in_its_tenant(
+    world_a: TenantWorld, world_b: TenantWorld
+) -> None:
+    """Remediation chains are tenant-written automation: their size and pace are bounded
+    (400 naming the field), and what they run acts on the contract's own deployment only,
+    within the tenant's quota; another tenant's version is no fallback."""
+    from serving.ops.remediation import services as remediation
+    from serving.ops.remediation.models import RemediationStep
+    from tests.serving.test_ops_loop import _version
+
+    hostile = _served(world_a)
+    api = world_a.client()
+    url = f"/api/v1/deployments/{hostile.pk}/contract/"
+    head = (
+        "apiVersion: aiops.portal/v1\nkind: SlaContract\nmetadata: {name: sla}\nspec:\n"
+        "  window: 30d\n  objectives: [{name: availability, sli: availability, target: 0.99}]\n"
+        "  remediation:\n"
+    )
+    chain = "    - {{name: c{i}, when: {{objective: availability}}, steps: [{steps}]}}\n"
+    attacks = {
+        "spec.remediation": "".join(chain.format(i=i, steps="{action: notify}") for i in range(6)),
+        "spec.remediation[0].steps": chain.format(i=0, steps=", ".join(["{action: notify}"] * 9)),
+        "spec.remediation[0].steps[0].wait": chain.format(i=0, steps="{wait: 1s}"),
+        "spec.remediation[0].steps[0].replicas": chain.format(
+            i=0, steps="{action: scale_out, replicas: 100}"
+        ),
+    }
+    for field_name, chains in attacks.items():
+        answer = api.put(url, {"source": head + chains}, format="json")
+        assert answer.status_code == 400, answer.content
+        assert field_name in answer.json()["error"]["fields"], (field_name, answer.json())
+    # What may be written still cannot reach past the tenant: the neighbour's version as a
+    # fallback, more replicas than the quota holds.
+    theirs = _version(world_b, "theirs")
+    steps = (
+        f"{{action: switch_to_fallback, version: {theirs.pk}}}, {{action: scale_out, replicas: 4}}"
+    )
+    accepted = api.put(url, {"source": head + chain.format(i=0, steps=steps)}, format="json")
+    assert accepted.status_code == 200, accepted.content
+    used = Deployment.objects.filter(tenant=world_a.tenant, deleted_at__isnull=True).count()
+    Quota.objects.filter(tenant=world_a.tenant).update(max_replicas=used)
+    before = hostile.current_revision
+    neighbour = _served(world_b)
+    neighbour_revisions = neighbour.revisions.count()
+    [run_id] = remediation.remediation_start(
+        tenant=world_a.tenant, deployment=hostile, group="stable", alert_kind="burn",
+        alert_name="availability", alert_action="notify", incident_id=None, contract_version=None,
+    )  # fmt: skip
+    remediation.remediation_advance(run_id=run_id)
+    fallback, scale = RemediationStep.objects.filter(run_id=run_id).order_by("index")
+    assert fallback.status == "failed" and "version" in fallback.message, fallback.message
+    assert scale.status == "skipped" and "quota" in scale.message, scale.message
+    assert Deployment.objects.get(pk=hostile.pk).current_revision == before
+    assert neighbour.revisions.count() == neighbour_revisions

@@ -92,6 +92,9 @@ def test_every_queue_has_workers_of_its_own_in_up() -> None:
     consumed = [queue for _, queues, _ in WORKERS for queue in queues.split(",")]
     assert sorted(consumed) == sorted(QUEUES), "each queue consumed by exactly one worker part"
     alone = {queues for _, queues, _ in WORKERS}
-    assert {"health", "validation"} <= alone  # never behind a reconcile or a drill step
+    assert {"health", "validation", "checks"} <= alone  # never behind a reconcile or a drill
     assert validate_version.queue == "validation"
+    from serving.ops.checks.tasks import run_version_check
+
+    assert run_version_check.queue == "checks"  # a tenant's checks never delay validations
     assert tasks.reconcile.queue == tasks.follow_deployments.queue == "default"

@@ -25,7 +25,7 @@ from tests.tenants.test_worker import worker  # noqa: F401 (the real Celery work
 
 pytestmark = pytest.mark.django_db
 
-STEPS = ["checksum", "config", "weights", "tokenizer", "chat template", "forward"]
+STEPS = ["checksum", "config", "weights", "tokenizer", "chat template", "forward", "golden answers"]
 
 
 @pytest.fixture(autouse=True)

@@ -104,7 +104,7 @@ def test_register_by_path_then_poll_until_ready(
     assert version["status"] == "ready" and version["deployable"] is True
     assert version["config_summary"]["architecture"] == "LlamaForCausalLM"
     assert [s["step"] for s in version["validation_steps"]] == [
-        "checksum", "config", "weights", "tokenizer", "chat template", "forward",
+        "checksum", "config", "weights", "tokenizer", "chat template", "forward", "golden answers",
     ]  # fmt: skip
     assert version["sha256"] == directory_sha256(directory)
     ready = client.get(_versions_url(world_a), {"status": "ready"}).json()["results"]

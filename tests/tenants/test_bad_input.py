@@ -66,6 +66,10 @@ CASES: list[tuple[str, str, str | None, Any, str]] = [
     ("model-version-list", "POST", "versions", {"label": "v2", "path": TMP, "sha256": "abc"}, "sha256"),
     ("model-version-upload", "POST", "versions", {}, "label"),
     ("model-version-upload", "PUT", "versions", {"label": "v2"}, "label"),
+    ("model-version-golden", "PUT", "served-version", {"prompts": ["x" * 201]}, "prompts"),
+    ("model-version-golden", "PUT", "served-version", {"prompts": ["a"] * 5}, "prompts"),
+    ("model-version-checks-verify", "POST", "served-version", {"concurrency": 99}, "concurrency"),
+    ("model-version-checks-benchmark", "POST", "served-version", {"requests": 0}, "requests"),
     ("deployment-list", "POST", None, {"version": 1}, "name"),
     ("deployment-list", "POST", None, {"name": "Bad_Name", "version": "served"}, "name"),
     ("deployment-list", "POST", None, {"name": "web"}, "version"),
@@ -243,6 +247,10 @@ def test_bad_input_names_the_field_and_writes_nothing(
         kwargs = {"pk": world_a.model.pk}
     elif lookup == "versions":
         kwargs = {"model_pk": world_a.model.pk}
+    elif lookup == "served-version":
+        served = world_a.tenant.serving_deployment_set.get(name="assistant")
+        version = served.current_revision.stable_version
+        kwargs = {"model_pk": version.model_id, "pk": version.pk}
     elif lookup == "deployment":
         kwargs = {"pk": world_a.tenant.serving_deployment_set.get(name="assistant").pk}
     elif lookup is not None and lookup.startswith("object:"):  # tests.api_routes.OBJECT_FACTORIES

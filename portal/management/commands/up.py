@@ -46,6 +46,7 @@ WORKERS = (
     ("worker", "default,chaos", 2),
     ("worker-health", "health", 1),
     ("worker-validation", "validation", 1),
+    ("worker-checks", "checks", 1),
 )
 RAY_OFF_VALUES = ("off", "0", "false", "no")
 # `cluster run` gives up by itself after `ray start` (120 s) plus the dashboard (90 s); this is

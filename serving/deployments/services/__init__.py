@@ -39,6 +39,7 @@ from serving.deployments.services.spec import (
     clean_spec,
     live_deployments,
 )
+from serving.deployments.services.tiers import clean_tiers, deployment_switch_tier
 
 __all__ = [
     "POOL_FIELDS",
@@ -56,6 +57,8 @@ __all__ = [
     "deployment_promote",
     "deployment_set_canary",
     "deployment_set_traffic",
+    "deployment_switch_tier",
+    "clean_tiers",
     "inference_key_create",
     "inference_key_revoke",
     "live_deployments",

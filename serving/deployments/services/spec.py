@@ -14,6 +14,7 @@ from portal.exceptions import QuotaExceeded, ValidationFailed
 from serving.dataplane import faults as faults_catalogue
 from serving.deployments import replica_limits
 from serving.deployments.models import Deployment, KvMode, SharedPool
+from serving.deployments.services.tiers import clean_tiers, tier_usage
 from serving.deployments.spec_checks import checked_map, setting
 from serving.engine.choice import (
     BUILTIN,
@@ -119,6 +120,7 @@ def clean_spec(
         raise ValidationFailed(exc.message, field=exc.field) from None
     _check_leak_caps(out)
     _check_engine_faults(out)
+    out["tiers"] = clean_tiers(tenant=tenant, spec=out)
     return out
 
 
@@ -195,7 +197,7 @@ def live_deployments(*, tenant: Tenant) -> QuerySet[Deployment]:
 
 
 def _usage(spec: dict[str, Any]) -> dict[str, float]:
-    slots = 2 if spec.get("canary_version_id") else 1
+    slots = (2 if spec.get("canary_version_id") else 1) + tier_usage(spec=spec)
     if spec["kv_mode"] == KvMode.SHARED:
         return {"replicas": 0, "gpus": 0, "kv_blocks": 0}
     replicas = spec["autoscaling"]["max_replicas"] if spec["autoscaling"] else spec["num_replicas"]

@@ -29,6 +29,8 @@ from serving.ops.api.serializers import (
     SliPointSerializer,
 )
 from serving.ops.models import Resolution, RolloutPolicy
+from serving.ops.remediation.selectors import remediation_run_list
+from serving.ops.remediation.serializers import RemediationRunSerializer
 from tenants.api.base import TenantScopedViewSet
 from tenants.models import Scope, Tenant
 
@@ -191,6 +193,13 @@ class DeploymentOpsViewSet(TenantScopedViewSet):
         )
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(RollbackSerializer(rollback).data, status=code)
+
+    @extend_schema(responses=RemediationRunSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def remediation(self, request: Request, pk: str) -> Response:
+        """The deployment's remediation runs (newest 50), each with the steps it took."""
+        runs = remediation_run_list(tenant=self.ctx.tenant, deployment=self.get_object())
+        return Response(RemediationRunSerializer(runs, many=True).data)
 
     @extend_schema(request=PolicySerializer, responses=PolicySerializer)
     @action(detail=True, methods=["get", "put"], url_path="rollout-policy")

@@ -16,7 +16,10 @@ from django.db import transaction
 from portal.exceptions import PortalError
 from serving.deployments.models import Deployment, DeploymentStatus
 from serving.ops import events
+from serving.ops.health import series as series_cache
+from serving.ops.health import signals as slot_signals
 from serving.ops.health.probe import probe, probe_streaks
+from serving.ops.health.reloads import alert_failed_reloads
 from serving.ops.health.state import loads
 from serving.ops.health.targets import (
     PROBE_STATUSES,
@@ -25,6 +28,7 @@ from serving.ops.health.targets import (
     Target,
     health_targets,
 )
+from serving.ops.health.tier_sla import tier_contracts
 from serving.ops.models import Resolution, SliSample
 from serving.ops.sli_store import (
     BOUNDARIES,
@@ -38,23 +42,6 @@ from serving.ops.sli_store import (
 from serving.slo.evaluate import Counts, evaluate
 
 logger = logging.getLogger(__name__)
-
-
-def _kv_summary(replicas: list[dict[str, Any]], tenant_id: str, gone: int) -> dict[str, Any]:
-    total = sum(int(r.get("kv", {}).get("num_blocks", 0)) for r in replicas)
-    free = sum(int(r.get("kv", {}).get("free_blocks", 0)) for r in replicas)
-    mine = [r.get("kv", {}).get("tenants", {}).get(tenant_id, {}) for r in replicas]
-    return {
-        "blocks_total": total,
-        "blocks_used": total - free,
-        "preemptions": sum(int(m.get("preemptions", 0)) for m in mine),
-        "evictions": sum(int(m.get("evictions", 0)) for m in mine),
-        "fragmentation": max(
-            (float(r.get("kv", {}).get("fragmentation", 0)) for r in replicas), default=0.0
-        ),
-        "replicas": len(replicas),
-        "replica_restarts": gone,
-    }
 
 
 def tick_slots(
@@ -71,14 +58,23 @@ def tick_slots(
     ids = [str(t.deployment.pk) for t in targets]
     # Both slots of every target: a canary that left keeps its replicas' baselines.
     slot_fields = [f"{t.deployment.pk}:{g}" for t in targets for g in ("stable", "canary")]
+    slot_names = [f"{t.deployment.pk}:{g}" for t, g in slots]
     with r.pipeline(transaction=False) as pipe:
         for target, group in slots:
             pipe.hgetall(f"{keys['sli']}:{target.app}:{group}")
+        for target in targets:
+            pipe.hgetall(f"{keys['router']}:{target.app}")
+        series_cache.queue_read(pipe, keys["signals"], now, slot_names)
+        pipe.hmget(keys["consistency"], slot_names or ["-"])
+        pipe.hgetall(keys["gpu_latest"])
         pipe.hmget(keys["state"], slot_fields or ["-"])
         pipe.hmget(keys["deployments"], ids or ["-"])
         pipe.hmget(keys["features"], ids or ["-"])
         read = pipe.execute()
     published, infos = read[: len(slots)], read[-2]
+    routers_raw = read[len(slots) : len(slots) + len(targets)]
+    signal_reads = series_cache.parse_read(read[-6], slot_names)
+    consistency = dict(zip(slot_names, read[-5], strict=False))
     states = dict(zip(slot_fields, read[-3], strict=False))
     features = {
         t.deployment.pk: loads(raw) or {} for t, raw in zip(targets, read[-1], strict=False)
@@ -97,6 +93,14 @@ def tick_slots(
         to_probe = [t for t in due if t.deployment.status in PROBE_STATUSES]
         probes = probe(to_probe, serve_url, timeout_s=min(5.0, settings.HEALTH_PROBE_TIMEOUT_S))
 
+    gpu = slot_signals.decode_all(read[-4], wall - slot_signals.GPU_FRESH_S, "at")
+    routers = {
+        t.deployment.pk: slot_signals.decode_all(raw, wall - STALE_S, "at")
+        for t, raw in zip(targets, routers_raw, strict=False)
+    }
+    observed: dict[Slot, dict[str, Any]] = {}
+    new_signal_states: dict[str, str] = {}
+    new_points: dict[str, str] = {}
     results: dict[Slot, SlotResult] = {}
     new_states: dict[str, str] = {}
     rows: list[SliSample] = []
@@ -141,6 +145,7 @@ def tick_slots(
             if not (fresh and before is not None):  # a known replica joins a new episode at 0
                 delta = delta + replica_delta(totals, Counts.from_dict(before) if before else None)
             now_seen[replica["replica"]] = totals.to_dict()
+        fresh_replicas = replicas
         replicas = [r for r in replicas if r.get("version") == version]
         gone = len(set(seen) - set(now_seen)) if seen else 0
         ok, ms, status = probes.get(dep.pk, (None, None, None))
@@ -149,8 +154,31 @@ def tick_slots(
             delta.errors += 1
         last_at = float(state.get("at", now - dep.health_interval_s))
         delta.seconds = max(0.0, now - last_at)
+        name = f"{dep.pk}:{group}"
+        # Every fresh replica of the slot, one left on other weights included: it must show.
+        signal_state, series = signal_reads.get(name, (None, None))
+        observed[(dep.pk, group)], new_signal_states[name], point = slot_signals.slot_signals(
+            now=now,
+            dep_id=dep.pk,
+            tenant_id=dep.tenant_id,
+            group=group,
+            version=version,
+            replicas=fresh_replicas,
+            delta=delta,
+            routers=routers.get(dep.pk, []),
+            gpu=gpu,
+            consistency=slot_signals.consistency_of(consistency.get(name)),
+            reported=features.get(dep.pk, {}),
+            critical=target.contract.critical if target.contract is not None else None,
+            state=signal_state,
+            series=series,
+            objectives=series_cache.wanted(target.contract),
+            interval_s=dep.health_interval_s,
+        )
+        if point is not None:
+            new_points[name] = point
         cumulative = cumulative + delta
-        kv = _kv_summary(replicas, str(dep.tenant_id), gone)
+        kv = slot_signals.kv_summary(replicas, str(dep.tenant_id), gone)
         slot: Slot = (dep.pk, group)
         rows.append(
             sample_row(
@@ -200,7 +228,7 @@ def tick_slots(
             delta=delta, cumulative=cumulative, kv=kv, since=float(state["since"])
         )
 
-    _evaluate(now, targets, results, features)
+    _evaluate(now, targets, results, features, observed, tier_contracts(targets, routers))
     streaks = probe_streaks(due, probes, info, results)
     detected = time.time()  # a breach is known from here on (the tick's reads took time)
     new_infos: dict[str, str] = {}
@@ -221,6 +249,11 @@ def tick_slots(
                     if results.get((dep.pk, g)) and results[(dep.pk, g)].evaluation is not None
                 },
                 "kv": {g: results[(dep.pk, g)].kv for g in target.groups if (dep.pk, g) in results},
+                "signals": {
+                    g: slot_signals.summary(observed[(dep.pk, g)])
+                    for g in target.groups
+                    if (dep.pk, g) in observed
+                },
             },
             separators=(",", ":"),
         )
@@ -239,7 +272,10 @@ def tick_slots(
             pipe.hset(keys["state"], mapping=new_states)
         if new_infos:
             pipe.hset(keys["deployments"], mapping=new_infos)
-        pipe.execute()
+        series_cache.queue_write(pipe, keys, new_signal_states, new_points, deployment_ids)
+        pruning = pipe.execute()[-1] is True and deployment_ids is None
+    if pruning:  # slots no longer targets leave their signals (at most once a minute)
+        series_cache.prune(r, keys["signals"], set(slot_names))
     firing = {
         slot: result.evaluation.firing
         for slot, result in results.items()
@@ -255,6 +291,10 @@ def tick_slots(
         actions += _advance_rollouts(now, due_by_id, results)
         _mark_good(now, targets, firing)
         _resume_stuck_rollbacks(r, keys)
+        from serving.ops.remediation.services import remediation_resume
+
+        remediation_resume(r=r, lock_key=keys["lock"])  # ended waits, runs a dead worker left
+        actions += alert_failed_reloads(r, keys, due, detected)
     return {
         "deployments": len(targets),
         "due": len(due),
@@ -271,6 +311,8 @@ def _evaluate(
     targets: list[Target],
     results: dict[Slot, SlotResult],
     features: Mapping[int, dict[str, Any]],
+    observed: Mapping[Slot, dict[str, Any]],
+    degraded: Mapping[Slot, Any] | None = None,  # a degraded slot's contract (tier_sla)
 ) -> None:
     lengths: set[int] = set()
     for target in targets:
@@ -280,7 +322,7 @@ def _evaluate(
     episodes = {slot: (by_id[slot[0]].version(slot[1]), r.since) for slot, r in results.items()}
     boundaries = BOUNDARIES.lookup(episodes, {w: now - w for w in lengths})
     for slot, result in results.items():
-        contract = by_id[slot[0]].contract
+        contract = (degraded or {}).get(slot) or by_id[slot[0]].contract
         if contract is None:
             continue
         found = boundaries.get(slot, {})
@@ -292,6 +334,11 @@ def _evaluate(
         observations = {  # what the tenant reported about its features (drift, freshness)
             "drift": reported.get("drift", {}),
             "freshness": {f: max(0.0, now - t) for f, t in reported.get("freshness", {}).items()},
+            "group": slot[1],
+            "signals": observed.get(slot, {}),
+            "consistency": {
+                slot[1]: ((observed.get(slot) or {}).get("consistency") or {}).get("score")
+            },
         }
         result.evaluation = evaluate(contract, result.windows, observations=observations)
 

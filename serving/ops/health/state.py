@@ -26,7 +26,24 @@ def health_keys() -> dict[str, str]:
         "lock": f"{prefix}:health:tick-lock",
         "tick_stats": f"{prefix}:health:tick-stats",
         "sli": f"{prefix}:sli",
+        "consistency": consistency_key(),
+        "signals": f"{prefix}:health:signals",  # per slot: small state (+ ":<slot>": series)
+        "router": f"{prefix}:router",  # + ":<app>": the routers' breakers (dataplane.router)
+        # The GPU agents' newest samples; the same key as serving.telemetry.keys' "latest"
+        # (ops may not import telemetry; a test keeps the two equal).
+        "gpu_latest": f"{prefix}:gpu:latest",
     }
+
+
+def consistency_key() -> str:
+    """The Redis hash the golden-prompt probe writes and the health tick reads: field
+    `consistency_field(deployment_id, group)`, value JSON `{"score": float in [0, 1],
+    "at": unix_ts, "detail": str}` (the `output_consistency` SLI)."""
+    return f"{settings.SLI_KEY_PREFIX}:consistency"
+
+
+def consistency_field(deployment_id: int, group: str) -> str:
+    return f"{deployment_id}:{group}"
 
 
 def loads(raw: Any) -> Any:

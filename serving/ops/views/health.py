@@ -24,6 +24,7 @@ from serving.ops import contracts, health
 from serving.ops import forms as ops_forms
 from serving.ops import selectors as ops_selectors
 from serving.ops.models import Resolution
+from serving.ops.views.health_signals import signals_view
 from serving.slo.counts import pct
 from serving.slo.errors import FieldError
 from tenants.models import Scope, Tenant
@@ -223,6 +224,7 @@ def health_view(deployment: Deployment) -> dict[str, Any]:
                 "firing": (evaluation or {}).get("firing", []),
                 "worst_action": (evaluation or {}).get("worst_action"),
                 "kv": kv,
+                "signals": signals_view((raw.get("signals") or {}).get(group)),
             }
         )
     checked = raw.get("checked_at")

@@ -65,6 +65,7 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "config_summary",
             "validation_steps",
             "engines",
+            "golden",
             "failure_reason",
             "validation_attempts",
             "created_by",
@@ -100,6 +101,14 @@ class VersionRegisterSerializer(serializers.Serializer):
         if isinstance(data, dict) and isinstance(data.get("sha256"), str):
             data = {**data, "sha256": data["sha256"].strip().lower()}
         return super().to_internal_value(data)
+
+
+class GoldenPromptsSerializer(serializers.Serializer):
+    """The shape only; serving.registry.golden.clean_prompts bounds count and length."""
+
+    prompts = serializers.ListField(
+        child=serializers.CharField(trim_whitespace=False), max_length=16, allow_empty=True
+    )
 
 
 class VersionUploadQuerySerializer(serializers.Serializer):

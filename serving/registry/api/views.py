@@ -17,7 +17,8 @@ from serving.registry import artifacts, selectors, services
 from serving.registry.api import filters
 from serving.registry.api import serializers as s
 from serving.registry.models import Model, ModelVersion
-from tenants.api.base import TenantScopedViewSet
+from serving.registry.services.golden import version_golden_request, version_golden_throttle
+from tenants.api.base import RateLimited, TenantScopedViewSet
 from tenants.models import Tenant
 
 
@@ -151,6 +152,20 @@ class ModelVersionViewSet(
             content_length=_content_length(request),
         )
         return Response(s.ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.GoldenPromptsSerializer, responses={202: s.ModelVersionSerializer})
+    @action(detail=True, methods=["put"])
+    def golden(self, request: Request, model_pk: str, pk: str) -> Response:
+        """Add up to 4 golden prompts of your own (202): the version's greedy answers to them
+        and the defaults are recorded from its checkpoint; the consistency probe replays them."""
+        version = self.get_object()
+        data = validated(s.GoldenPromptsSerializer, request.data)
+        if (wait := version_golden_throttle(tenant=self.ctx.tenant)) > 0:
+            raise RateLimited(wait=wait)
+        version = version_golden_request(
+            tenant=self.ctx.tenant, actor=self.ctx.actor, version=version, prompts=data["prompts"]
+        )
+        return Response(s.ModelVersionSerializer(version).data, status=status.HTTP_202_ACCEPTED)
 
     def destroy(self, request: Request, model_pk: str, pk: str) -> Response:
         services.version_delete(

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import transaction
 
 from serving.engine.config import ConfigLimits
-from serving.registry import artifacts
+from serving.registry import artifacts, golden
 from serving.registry.checks import since
 from serving.registry.models import ArtifactSource, ModelVersion, VersionStatus
 from serving.registry.services.versions import FILES_DELETED, set_status
@@ -122,9 +122,11 @@ def version_validate(*, tenant: Tenant, version_id: int) -> ModelVersion | None:
         )
         uri, expected = version.artifact_uri, version.expected_sha256 or None
         engines = tuple(version.engines or ["builtin"])
+        tenant_prompts = list((version.golden or {}).get("tenant_prompts") or [])
 
     progress = _Progress(version_id)
     report = None
+    golden_doc: dict[str, Any] = {}
     reason = ""
     try:
         directory = artifacts.local_directory(uri)
@@ -135,6 +137,9 @@ def version_validate(*, tenant: Tenant, version_id: int) -> ModelVersion | None:
             limits=config_limits(),
             engines=engines,
         )
+        if report.config is not None:  # the built-in engine runs it: record its answers
+            progress("golden answers")
+            golden_doc = golden.record(directory, tenant_prompts)
     except (CheckpointError, artifacts.ArtifactRejected) as exc:
         reason = exc.reason
     except Exception as exc:  # a crash must still end the version as failed, with the cause
@@ -159,6 +164,7 @@ def version_validate(*, tenant: Tenant, version_id: int) -> ModelVersion | None:
                 "size_bytes": report.size_bytes,
                 "format": report.format,
                 "config_summary": report.summary(),
+                "golden": golden_doc,
             }
             set_status(
                 version=version,

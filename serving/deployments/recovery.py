@@ -1,0 +1,86 @@
+"""Reads what a deployment's replicas publish about degraded modes and fast recovery: the tier
+in force and the time spent degraded in the compensation window (the router's state,
+serving.dataplane.tiers), and each version replica's standby copy, disk loads and last failed
+hot reload (serving.dataplane.standby). Reads only; None where Redis does not answer."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from django.conf import settings
+
+from serving.control.names import BadName
+from serving.deployments.models import Deployment
+
+SLOTS = ("stable", "canary", "distilled", "proxy")
+
+
+def _hash_values(client: Any, key: str) -> list[dict[str, Any]]:
+    out = []
+    for raw in client.hgetall(key).values():
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return out
+
+
+def _tier(routers: list[dict[str, Any]], declared: dict[str, Any]) -> dict[str, Any] | None:
+    if not declared.get("levels"):
+        return None
+    states = [r["tier"] for r in routers if isinstance(r.get("tier"), dict)]
+    if not states:
+        return {"declared": declared, "reporting": 0}
+    latest = max(states, key=lambda s: float(s.get("since") or 0))
+    return {
+        "declared": declared,
+        "reporting": len(states),
+        "tier": latest.get("tier"),
+        "reason": latest.get("reason"),
+        "since_s": round(max(0.0, time.time() - float(latest.get("since") or 0)), 1),
+        "sigma": (latest.get("drift") or {}).get("sigma"),
+        "pinned": latest.get("pinned"),
+        # The compensation SLA: the most any router replica spent degraded in the window.
+        "degraded_min": round(max(float(s.get("degraded_s") or 0) for s in states) / 60, 2),
+        "window_min": round(float(latest.get("window_s") or 0) / 60, 1),
+        "transitions": list(latest.get("transitions") or [])[-5:],
+    }
+
+
+def _standby(windows: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    rows = []
+    for group, window in windows:
+        standby = (window.get("kv") or {}).get("standby")
+        if isinstance(standby, dict):
+            rows.append({"group": group, "replica": window.get("replica"), **standby})
+    return sorted(rows, key=lambda r: (r["group"], str(r["replica"])))
+
+
+def deployment_recovery(*, deployment: Deployment) -> dict[str, Any] | None:
+    """{"tier": ... or None, "standby": [per version replica]}; None when Redis is down."""
+    import redis
+
+    revision = deployment.current_revision
+    if revision is None or deployment.deleted_at is not None:
+        return None
+    try:
+        app = deployment.serve_app
+    except BadName:
+        return None
+    prefix = settings.SLI_KEY_PREFIX
+    try:
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5
+        )
+        routers = _hash_values(client, f"{prefix}:router:{app}")
+        # Every slot's replicas publish under the router's application (serving.control).
+        windows = [
+            (slot, w) for slot in SLOTS for w in _hash_values(client, f"{prefix}:sli:{app}:{slot}")
+        ]
+    except redis.RedisError:
+        return None
+    return {"tier": _tier(routers, revision.tiers or {}), "standby": _standby(windows)}

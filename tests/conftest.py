@@ -22,14 +22,20 @@ _TEST_DOMAINS = (".example", ".example.com", ".example.net", ".example.org", ".t
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test`: two workers, `--dist loadgroup`) every test on the
-    session's Ray head runs in one worker, so one head serves them all; the rest (including the
-    benches and smoke tests that start heads of their own) spread over both workers."""
+    """Under pytest-xdist (`make test`: two workers, `--dist loadgroup`) every Ray test runs in
+    one worker: those on the session's head, so one head serves them all, and those that start
+    heads of their own (benches, `make up`), so two Ray clusters never share the two cores (their
+    replicas then starve: canaries miss analyses, vLLM engines fail to load side by side). The
+    rest spread over both workers."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
-    on_head = [item for item in items if "ray_cluster" in getattr(item, "fixturenames", ())]
+    on_head = [
+        item
+        for item in items
+        if "ray_cluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("ray")
+    ]
     for item in on_head:
-        item.add_marker(pytest.mark.xdist_group("ray-session"))
+        item.add_marker(pytest.mark.xdist_group("ray"))
     # The longest unit goes first, so the other worker's share runs beside it, not after it.
     grouped = {id(item) for item in on_head}
     items[:] = on_head + [item for item in items if id(item) not in grouped]

@@ -21,6 +21,7 @@ from tests.support.worlds import (  # noqa: F401 (re-exported: tests import them
 _TEST_DOMAINS = (".example", ".example.com", ".example.net", ".example.org", ".test")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group from the marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test`: two workers, `--dist loadgroup`) every Ray test runs in
     one worker: those on the session's head, so one head serves them all, and those that start

@@ -57,7 +57,7 @@ test: install-dev
 	$(BIN)/lint-imports
 	$(TEST_ENV) $(BIN)/python manage.py check
 	$(TEST_ENV) $(BIN)/python manage.py makemigrations --check --dry-run
-	$(TEST_ENV) $(BIN)/pytest -n $${PYTEST_WORKERS:-2} --dist loadgroup
+	$(TEST_ENV) $(BIN)/pytest $(if $(PYTEST_WORKERS),-n $(PYTEST_WORKERS) --dist loadgroup)
 
 clean:
 	rm -rf $(VENV) node_modules var .pytest_cache .mypy_cache .ruff_cache

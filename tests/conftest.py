@@ -23,12 +23,12 @@ _TEST_DOMAINS = (".example", ".example.com", ".example.net", ".example.org", ".t
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group from the marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test`: two workers, `--dist loadgroup`) every Ray test runs in
+    """Under pytest-xdist (`make test PYTEST_WORKERS=2`, `--dist loadgroup`) every Ray test runs in
     one worker: those on the session's head, so one head serves them all, and those that start
     heads of their own (benches, `make up`), so two Ray clusters never share the two cores (their
     replicas then starve: canaries miss analyses, vLLM engines fail to load side by side). The
     rest spread over both workers."""
-    if not config.pluginmanager.hasplugin("xdist"):
+    if not hasattr(config, "workerinput"):  # not an xdist worker: the order stays as written
         return
     on_head = [
         item

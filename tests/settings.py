@@ -7,7 +7,7 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 def _worker_redis_db() -> None:
-    """Under pytest-xdist (`make test` runs two workers) each worker gets its own Redis db (the
+    """Under pytest-xdist (`make test PYTEST_WORKERS=2`) each worker gets its own Redis db (the
     tests clear their key patterns between tests, so a shared db would let one worker wipe the
     other's rate buckets and SLI values). Written back to the environment once, so processes a
     test starts (a Celery worker, a bench) use the same db and do not shift it again."""

@@ -33,6 +33,12 @@ from typing import Any
 
 from serving.control import names, tier_apps
 from serving.control.names import GPU_NODES_APP
+from serving.control.shape import (
+    GPU_NODES_IMPORT,
+    HEALTH_CHECK,
+    gpu_nodes_apps,
+    restart_free,
+)
 from serving.control.specs import (
     DeploymentSpec,
     FairShare,
@@ -80,7 +86,6 @@ SAME_LOOP_ENV = {
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
 }
 VERSION_IMPORT = "serving.dataplane.app:build_version"
-GPU_NODES_IMPORT = "serving.dataplane.gpu_node:build_gpu_nodes"
 
 
 def _scaling(spec: DeploymentSpec) -> dict[str, Any]:
@@ -152,13 +157,6 @@ def _version_user_config(
         "faults": dict(spec.faults.get(group, {})),
         "telemetry": telemetry,
     }
-
-
-# Serve checks each replica every 2 s (default 10 s): a replica whose check fails (a drill's
-# replica_hang, a wedged engine) is replaced in ~10 s instead of ~33 s. The timeout stays
-# generous (15 s; default 30 s): a replica's event loop slowed by a loaded machine must not
-# look dead. Lightweight options: changing them reconfigures, it restarts nothing.
-HEALTH_CHECK = {"health_check_period_s": 2, "health_check_timeout_s": 15}
 
 
 def _version_app(
@@ -294,26 +292,6 @@ def _router_app(spec: DeploymentSpec, telemetry: dict[str, Any]) -> dict[str, An
     }
 
 
-def _gpu_nodes_app(gpu: GpuNodesSpec, telemetry: dict[str, Any]) -> dict[str, Any]:
-    """One GPU sampler per Ray node (serving.dataplane.gpu_node), no route, no CPU reserved."""
-    return {
-        "name": GPU_NODES_APP,
-        "route_prefix": None,
-        "import_path": GPU_NODES_IMPORT,
-        "args": {},
-        "deployments": [
-            {
-                "name": "sampler",
-                "num_replicas": gpu.nodes,
-                "max_replicas_per_node": 1,
-                **HEALTH_CHECK,
-                "ray_actor_options": {"num_cpus": 0},
-                "user_config": {"telemetry": telemetry, "hz": gpu.hz, "simulate": gpu.simulate},
-            }
-        ],
-    }
-
-
 def deployment_apps(spec: DeploymentSpec, telemetry: dict[str, Any]) -> list[dict[str, Any]]:
     """One portal deployment's applications: its router, a dedicated canary's server, and a
     vLLM stable slot's server."""
@@ -327,10 +305,6 @@ def deployment_apps(spec: DeploymentSpec, telemetry: dict[str, Any]) -> list[dic
 
 def pool_apps(pool: PoolSpec, telemetry: dict[str, Any]) -> list[dict[str, Any]]:
     return [_pool_app(pool, telemetry)]
-
-
-def gpu_nodes_apps(gpu: GpuNodesSpec | None, telemetry: dict[str, Any]) -> list[dict[str, Any]]:
-    return [_gpu_nodes_app(gpu, telemetry)] if gpu and gpu.nodes else []
 
 
 def assemble(
@@ -384,17 +358,3 @@ def compile_config(
         runtime_env=runtime_env,
         placement=placement,
     )
-
-
-def restart_free(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    """True when `new` differs from `old` only in user_config: Serve reconfigures live
-    replicas and restarts none."""
-
-    def shape(config: dict[str, Any]) -> Any:
-        apps = []
-        for app in config.get("applications", []):
-            deps = [{k: v for k, v in d.items() if k != "user_config"} for d in app["deployments"]]
-            apps.append({**{k: v for k, v in app.items() if k != "deployments"}, "deps": deps})
-        return ({k: v for k, v in config.items() if k != "applications"}, apps)
-
-    return bool(shape(old) == shape(new))

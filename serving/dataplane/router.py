@@ -6,18 +6,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib
-import json
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from serving.dataplane import openai, tiers, tracing
+from serving.dataplane.answers import (
+    publish_router,
+    short_error,
+    sse_events,
+    unwrap_as,
+    unwrap_refused,
+)
 from serving.dataplane.breaker import BreakerConfig, CircuitBreaker
 from serving.dataplane.faults import InjectedFault
 from serving.dataplane.guard import GuardConfig, Refused, check_lengths, parse_body
@@ -38,7 +43,6 @@ from serving.dataplane.version import VersionCore
 
 LOCAL_SERVER = "serving.dataplane.version:VersionCore"
 MAX_REQUEST_ID = 128  # longer client ids are replaced by one of ours
-_E = TypeVar("_E", bound=BaseException)
 
 
 def import_object(path: str) -> Any:
@@ -71,7 +75,7 @@ class Router:
         self.retirements = Retirements()
         self.recent = RecentRequests()
         self.replica = replica_id()
-        self.publisher = Publisher(self.stats, _publish_router)
+        self.publisher = Publisher(self.stats, publish_router)
         # A shared deployment's share of the pool's request slots: at most this many of the
         # tenant's requests are in the pool at once, the rest wait here, in its own router.
         self._pool_gate: asyncio.Semaphore | None = None
@@ -228,7 +232,9 @@ class Router:
                 if served:
                     headers["x-model-version"] = str(served)
                 if stream is not None:
-                    events = self._sse(kind, request_id, model, breaker, answer, stream, life, slot)
+                    events = sse_events(
+                        kind, request_id, model, breaker, answer, stream, life, slot
+                    )
                     slot.hand_to(events)
                     return StreamingResponse(
                         events, media_type="text/event-stream", headers=headers
@@ -245,16 +251,16 @@ class Router:
         except Refused as exc:
             return self._fail(life, exc, headers)
         except Exception as exc:  # the version failed: counts against its breaker
-            refused = _unwrap_refused(exc)
+            refused = unwrap_refused(exc)
             if refused is not None:
                 return self._fail(life, refused, headers)
             if breaker is not None:
                 breaker.record(False)
             # A drill's error burst answers with the status it asks for; any other failure
             # of the version is a 502.
-            injected = _unwrap_as(exc, InjectedFault)
+            injected = unwrap_as(exc, InjectedFault)
             status = 502 if injected is None else injected.status
-            reason = _short(exc) if injected is None else injected.message
+            reason = short_error(exc) if injected is None else injected.message
             upstream = Refused(status, "upstream_error", f"model version failed: {reason}")
             return self._fail(life, upstream, headers)
 
@@ -300,35 +306,6 @@ class Router:
             return other
         raise Refused(503, "circuit_open", f"the {group} version's circuit breaker is open")
 
-    async def _sse(
-        self,
-        kind: str,
-        request_id: str,
-        model: str,
-        breaker: CircuitBreaker,
-        first: dict[str, Any],
-        stream: Any,
-        life: Lifecycle,
-        slot: PoolSlot | None = None,
-    ) -> AsyncIterator[bytes]:
-        try:
-            async for event in _chain(first, stream):
-                if event["type"] == "token":
-                    yield openai.chunk_event(kind, request_id, model, event["text"], None)
-                elif event["type"] == "end":
-                    yield openai.chunk_event(kind, request_id, model, "", event["finish_reason"])
-            yield openai.DONE
-            breaker.record(True)
-            life.to(COMPLETED)
-        except Exception as exc:
-            breaker.record(False)
-            life.to(FAILED, error=_short(exc))
-            error = Refused(502, "upstream_error", f"model version failed: {_short(exc)}")
-            yield f"data: {json.dumps(error.body())}\n\n".encode()
-        finally:
-            if slot is not None:
-                slot.release()
-
     def _models(self) -> dict[str, Any]:
         return {
             "object": "list",
@@ -359,42 +336,3 @@ class Router:
         """The in-process stable slot's stats (what `VersionServer.stats` says for a slot
         served on its own)."""
         return self.local.stats() if self.local is not None else {}
-
-
-async def _publish_router(redis: Any, prefix: str, snapshot: dict[str, Any]) -> None:
-    """`<prefix>:router:<app>`: one JSON value per router replica (breakers, the last
-    request lifecycles with their timestamps)."""
-    key = f"{prefix}:router:{snapshot['app']}"
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.hset(key, snapshot["replica"], json.dumps(snapshot, separators=(",", ":")))
-        pipe.expire(key, 10)
-        await pipe.execute()
-
-
-async def _chain(first: dict[str, Any], rest: Any) -> AsyncIterator[dict[str, Any]]:
-    yield first
-    async for item in rest:
-        yield item
-
-
-def _unwrap_refused(exc: BaseException) -> Refused | None:
-    """A Refused raised inside the version replica arrives wrapped by Ray."""
-    return _unwrap_as(exc, Refused)
-
-
-def _unwrap_as(exc: BaseException, kind: type[_E]) -> _E | None:
-    """`exc` or the exception of type `kind` it wraps (Ray wraps a replica's exceptions)."""
-    seen: BaseException | None = exc
-    for _ in range(5):
-        if seen is None:
-            return None
-        if isinstance(seen, kind):
-            return seen
-        cause = getattr(seen, "cause", None)
-        seen = cause if isinstance(cause, BaseException) else seen.__cause__
-    return None
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[-1] if text else type(exc).__name__)[:300]

@@ -1,0 +1,8 @@
+# Filled in by the change that needs it (see its models).
+from django.db import migrations
+
+
+class Migration(migrations.Migration):
+    dependencies = [("incidents", "0010_incident_learning")]
+
+    operations: list[migrations.operations.base.Operation] = []

@@ -22,6 +22,7 @@ SCENARIOS = {
     "gpu_check": "NVML readings of this machine's GPUs (simulated provider without one)",
     "health_tick": "cost per deployment of one health tick vs a naive loop",
     "prefix": "time to first token with a cached prefix vs cold",
+    "priority": "realtime latency under a batch flood, with priority classes vs without",
     "recovery": "a version slot's rollback from its standby copy vs a reload from disk",
     "rollback": "detection and switch time of an automated rollback (Ray, Celery)",
     "router": "latency the router adds over a bare Serve deployment (Ray)",

@@ -18,9 +18,17 @@ through the drill engine itself (`drill_create` + `run_start`; the worker steps 
   error rate <= 10%, throughput >= half of what it was just before), MTTD may be "not detected"
   when the contract does not see the fault: a finding, not a bench error.
 
-MTTD = the run's first drill incident - injection; MTTR = mitigation - injection (both from
-DrillRun). Per run it also records what the clients saw (first and last bad answer after the
-injection), the verdict, the resilience score, and whether the fault was left in the revision.
+Detection (issue 18): each run says whether the fault took effect (the replicas' own reports),
+whether a signal the fault declares noticed it (`detected` yes/no, `signal`), and MTTD = first
+detection - the fault effective; a fault nobody noticed fails its run as "undetected". The
+summary has one row per fault kind: detected yes/no over its runs, the signals, MTTD. The seed's
+leak rate (001 §3.1: 512 MB/s) is the default gpu_memory_leak here, for --duration s (60 in
+the seed); on a CPU cluster the leak is simulated device memory, and its row says so.
+
+MTTR = mitigation - injection (from DrillRun). Per run it also records what the clients saw
+(first and last bad answer after the injection), the verdict, the resilience score, and
+whether the fault was left in the revision. The leak's total is capped by the replica's own
+leak cap (serving.replica_limits), so at 512 MB/s it reaches its cap within seconds.
 
     python -m bench drills [--runs 5] [--kinds error_burst,latency_spike] \
         [--duration 20] [--quick] [--json PATH]
@@ -65,6 +73,7 @@ from tests.support.contracts import DRILLS as CONTRACT  # noqa: E402
 
 RESULTS = results_path("drills")
 TARGET_MTTD_P95_S, TARGET_MTTR_P95_S = 10.0, 15.0
+SEED_LEAK_MB_PER_S = 512
 
 
 class Bench:
@@ -194,8 +203,10 @@ class Bench:
             "replica_share": 1.0,
             "steady_state": {"contract": True, "probes": probes},
         }
+        if kind == "gpu_memory_leak":  # seed 001 §3.1: 512 MB/s (for the drill's duration)
+            data["parameters"] = {"mb_per_s": SEED_LEAK_MB_PER_S, "max_mb": self.leak_cap()}
         if kind in self.args.params:
-            data["parameters"] = self.args.params[kind]
+            data["parameters"] = {**data.get("parameters", {}), **self.args.params[kind]}
         drill = self.drills.get(kind)
         if drill is None:
             drill = drills.drill_create(
@@ -211,6 +222,14 @@ class Bench:
             drill = drills.drill_update(tenant=self.tenant, actor=self.actor, drill=drill, **data)
             self.drills[kind] = drill
         return drill
+
+    def leak_cap(self) -> int:
+        """The seed's whole leak (rate x duration), within the replica's own leak cap."""
+        from serving.deployments.replica_limits import leak_cap_mb
+
+        revision = self.deployment.current_revision
+        cap = leak_cap_mb(num_cpus=revision.num_cpus, num_gpus=revision.num_gpus)
+        return int(min(SEED_LEAK_MB_PER_S * self.args.duration, cap))
 
     def one_run(self, kind: str, index: int, clients: Clients) -> dict[str, Any]:
         from incidents import drills
@@ -336,11 +355,18 @@ class Bench:
             "status": run.status,
             "verdict": run.verdict,
             "mttd_s": None if run.mttd_s is None else round(run.mttd_s, 2),
+            "effective": run.effect_at is not None,
+            "effect_s": None
+            if run.effect_at is None or injected is None
+            else round(run.effect_at.timestamp() - injected, 2),
+            "detected": bool(run.detected_by),
+            "signal": run.detected_by or None,
+            "simulated": bool((run.detection or {}).get("simulated")),
             "mttr_s": None if run.mttr_s is None else round(run.mttr_s, 2),
             "resilience_score": run.resilience_score,
             "deviated": run.deviated,
             "incident": incident.pk if incident else None,
-            "detected_by": breach.objective if breach else None,
+            "breach_objective": breach.objective if breach else None,
             "breaches": breaches,
             "incident_status": incident.status if incident else None,
             "wall_s": round(end - run.created_at.timestamp(), 1),
@@ -376,7 +402,7 @@ class Bench:
 
 
 def summarize(kind: str, slot: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    mttd = [r["mttd_s"] for r in runs if r.get("mttd_s") is not None]
+    mttd = [r["mttd_s"] for r in runs if r.get("detected") and r.get("mttd_s") is not None]
     mttr = [r["mttr_s"] for r in runs if r.get("mttr_s") is not None]
     scores = [r["resilience_score"] for r in runs if r.get("resilience_score") is not None]
     counts = {
@@ -389,7 +415,11 @@ def summarize(kind: str, slot: str, runs: list[dict[str, Any]]) -> dict[str, Any
         "slot": slot,
         "runs": len(runs),
         **counts,
-        "detected": len(mttd),
+        "effective": sum(1 for r in runs if r.get("effective")),
+        "detected": sum(1 for r in runs if r.get("detected")),
+        "detected_all": bool(runs) and all(r.get("detected") for r in runs),
+        "signals": sorted({r["signal"] for r in runs if r.get("signal")}),
+        "simulated": any(r.get("simulated") for r in runs),
         "mitigated": len(mttr),
         "mttd_p50_s": median(mttd, 2),
         "mttd_p95_s": percentile_or_none(mttd, 0.95),
@@ -421,12 +451,15 @@ def print_summaries(summaries: list[dict[str, Any]]) -> None:
     print_table(
         [
             (s["kind"], s["slot"], s["runs"], s["passed"], s["failed"], s["aborted"], s["error"],
-             f"{s['detected']}/{s['runs']}", f(s["mttd_p50_s"]), f(s["mttd_p95_s"]),
+             f"{s['effective']}/{s['runs']}",
+             ("yes" if s["detected_all"] else "no") + f" {s['detected']}/{s['runs']}",
+             ",".join(s["signals"]) + (" (simulated)" if s["simulated"] else "") or "-",
+             f(s["mttd_p50_s"]), f(s["mttd_p95_s"]),
              f(s["mttr_p50_s"]), f(s["mttr_p95_s"]), f(s["score_p50"]), target(s))
             for s in summaries
         ],
-        header=("kind", "slot", "runs", "pass", "fail", "abrt", "err", "det", "MTTD p50", "p95",
-                "MTTR p50", "p95", "score", "target"),
+        header=("kind", "slot", "runs", "pass", "fail", "abrt", "err", "effect", "detected",
+                "signal", "MTTD p50", "p95", "MTTR p50", "p95", "score", "target"),
     )  # fmt: skip
 
 
@@ -448,7 +481,8 @@ def one_record(bench: Bench, kind: str, index: int, clients: Clients) -> dict[st
     record["bench_s"] = round(time.monotonic() - started, 1)
     c = record.get("client") or {}
     print(
-        f"  {kind:<16} run {index}: {record['status']:<8} MTTD "
+        f"  {kind:<16} run {index}: {record['status']:<8} detected "
+        f"{'yes' if record.get('detected') else 'no'} ({record.get('signal') or '-'}) MTTD "
         f"{record.get('mttd_s') if record.get('mttd_s') is not None else '-':>6}  "
         f"MTTR {record.get('mttr_s') if record.get('mttr_s') is not None else '-':>6}"
         f"  score {record.get('resilience_score')}  clients bad "
@@ -467,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="--runs 1 --duration 8 --settle 5, error_burst only (unless --kinds)",
+        help="--runs 1 --duration 8 --settle 5, error_burst and the seed's leak (unless --kinds)",
     )
     parser.add_argument("--tick", type=float, default=1.0, help="health tick interval (s)")
     parser.add_argument(
@@ -513,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         args.params.setdefault(kind, {})[param] = value
     if args.quick:
         args.runs, args.duration, args.settle = 1, 8, 5.0
-        args.kinds = args.kinds or "error_burst"
+        args.kinds = args.kinds or "error_burst,gpu_memory_leak"
     for name in ("httpx", "celery", "tenants", "serving", "incidents", "portal"):
         logging.getLogger(name).setLevel(logging.WARNING)
 

@@ -273,3 +273,4 @@ from incidents.notifications.models import (  # noqa: E402, F401
     NotificationChannel,
     NotificationDelivery,
 )
+from incidents.rca.models import HintFeedback, HintWeight, Verdict  # noqa: E402, F401

@@ -10,9 +10,10 @@ from typing import Any
 
 from incidents import breaches, remediation
 from incidents import services as incidents
+from incidents.kv_integrity import record_kv_violation
 from incidents.models import Incident
 from incidents.reload_failures import record_reload_failure
-from serving.ops.events import ReloadFailed, SlotAlerts, Stage
+from serving.ops.events import KvIntegrityViolated, ReloadFailed, SlotAlerts, Stage
 from serving.ops.models import Rollback, Rollout
 from serving.ops.remediation.models import RemediationRun, RemediationStep
 
@@ -70,3 +71,7 @@ class IncidentsListener:
     def reload_failed(self, event: ReloadFailed) -> bool:
         """A failed hot reload: a ticket on its slot's incident, once per failure."""
         return record_reload_failure(event)
+
+    def kv_integrity_violated(self, event: KvIntegrityViolated) -> bool:
+        """A replica's KV pool broke an invariant: a page on its slot's incident, once."""
+        return record_kv_violation(event)

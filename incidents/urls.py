@@ -2,6 +2,7 @@ from django.urls import path
 
 from incidents import views
 from incidents.drills import views as drill_views
+from incidents.notifications import views as channel_views
 
 urlpatterns = [
     path("t/<slug:slug>/drills/", drill_views.drills_page, name="drills"),
@@ -20,12 +21,33 @@ urlpatterns = [
         drill_views.drill_run_stop,
         name="drill-run-stop",
     ),
+    path("t/<slug:slug>/notifications/", channel_views.channels_page, name="notification-channels"),
+    path(
+        "t/<slug:slug>/notifications/<int:pk>/",
+        channel_views.channel_edit,
+        name="notification-channel-edit",
+    ),
+    path(
+        "t/<slug:slug>/notifications/<int:pk>/delete/",
+        channel_views.channel_delete,
+        name="notification-channel-delete",
+    ),
     path("t/<slug:slug>/incidents/", views.incident_list_page, name="incident-list"),
     path("t/<slug:slug>/incidents/table/", views.incident_table, name="incident-table"),
+    path(
+        "t/<slug:slug>/incidents/analytics/",
+        views.incident_analytics_page,
+        name="incident-analytics-page",
+    ),
     path("t/<slug:slug>/incidents/<int:pk>/", views.incident_page, name="incident-detail"),
     path("t/<slug:slug>/incidents/<int:pk>/row/", views.incident_row, name="incident-row"),
     path("t/<slug:slug>/incidents/<int:pk>/live/", views.incident_live, name="incident-live"),
     path("t/<slug:slug>/incidents/<int:pk>/notes/", views.incident_note, name="incident-note"),
+    path(
+        "t/<slug:slug>/incidents/<int:pk>/hint-feedback/",
+        views.incident_hint_feedback,
+        name="incident-hint-feedback",
+    ),
     path(
         "t/<slug:slug>/incidents/<int:pk>/postmortem.md",
         views.incident_postmortem,

@@ -14,9 +14,14 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from incidents import selectors, services
+from incidents import analytics, selectors, services
 from incidents.models import Incident, IncidentStatus, Severity
+from incidents.rca import selectors as rca
+from incidents.rca.learning import cause_key
+from incidents.rca.models import Verdict
 from incidents.rca.postmortem import postmortem_markdown
+from incidents.rca.services_feedback import hint_feedback_set
+from incidents.rca.similar import similar_incidents
 from portal.exceptions import PortalError
 from tenants.actors import Actor
 from tenants.models import Scope, Tenant
@@ -126,11 +131,17 @@ def _live_context(request: HttpRequest, incident: Incident) -> dict[str, Any]:
 def _detail(
     request: HttpRequest, tenant: Tenant, incident: Incident, *, note_form: NoteForm | None = None
 ) -> HttpResponse:
-    signals, hints = selectors.incident_hints(tenant=tenant, incident=incident)
+    analysis = rca.incident_analysis(
+        tenant=tenant, incident=incident, user_id=Actor(user=request.user).user_id
+    )
+    causes = [h.cause for h in analysis.hints]
     context = {
         **_live_context(request, incident),
-        "hints": hints,
-        "signals": sorted(signals.items()),
+        "hints": [(h, analysis.my_votes.get(cause_key(h.cause), "")) for h in analysis.hints],
+        "muted": [(h, analysis.my_votes.get(cause_key(h.cause), "")) for h in analysis.muted],
+        "symptoms": analysis.symptoms,
+        "similar": similar_incidents(tenant=tenant, incident=incident, causes=causes),
+        "signals": sorted(analysis.signals.items()),
         "note_form": note_form or NoteForm(),
     }
     return render(request, "incidents/detail.html", context)
@@ -185,6 +196,62 @@ def incident_note(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse
             messages.success(request, "Note added.")
             return redirect("incident-detail", slug=tenant.slug, pk=incident.pk)
     return _detail(request, tenant, incident, note_form=form)
+
+
+@require_POST
+@tenant_page(Scope.WRITE)
+def incident_hint_feedback(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
+    """A member's "right / wrong" on one hint (the same button again takes it back)."""
+    incident = selectors.incident_get(tenant=tenant, incident_id=pk)
+    verdict = request.POST.get("verdict", "")
+    if verdict not in Verdict.values:
+        verdict = ""
+    try:
+        weight = hint_feedback_set(
+            tenant=tenant,
+            actor=Actor(user=request.user),
+            incident=incident,
+            cause=request.POST.get("cause", "")[:200],
+            verdict=verdict,
+        )
+    except PortalError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(
+            request, f"Thanks: {weight.cause!r} now weighs x{weight.multiplier:.2f} here."
+        )
+    return redirect("incident-detail", slug=tenant.slug, pk=incident.pk)
+
+
+@require_GET
+@tenant_page()
+def incident_analytics_page(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    """Incidents per week by severity, MTTD / MTTR (real and drills), availability."""
+    weeks = _int(request.GET.get("weeks"), 12)
+    days = _int(request.GET.get("days"), 7)
+    data = analytics.incident_analytics(tenant=tenant, weeks=weeks, window_days=days)
+    timings = []
+    for label, figures in data["timings"].items():
+        for key, name in (("mttd", "Time to detect"), ("mttr", "Time to restore")):
+            got = figures[key]
+            p50, p95 = _seconds(got["p50_s"]), _seconds(got["p95_s"])
+            timings.append((label, figures["incidents"], name, got["n"], p50, p95))
+    return render(request, "incidents/analytics.html", {"a": data, "timings": timings})
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if value < 120:
+        return f"{value:.1f} s"
+    return f"{value / 60:.1f} min" if value < 7200 else f"{value / 3600:.1f} h"
+
+
+def _int(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value else default
+    except ValueError:
+        return default
 
 
 @require_GET

@@ -53,7 +53,14 @@ class MembershipAdmin(admin.ModelAdmin):
 
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
-    list_display = ["tenant", "max_deployments", "max_replicas", "max_gpus", "requests_per_second"]
+    list_display = [
+        "tenant",
+        "max_deployments",
+        "max_replicas",
+        "max_gpus",
+        "max_gpu_memory_mb_per_replica",
+        "requests_per_second",
+    ]
 
 
 @admin.register(ApiToken)

@@ -91,6 +91,11 @@ class Quota(TenantOwned):
     max_storage_bytes = models.PositiveBigIntegerField(default=10 * 2**30)
     max_drills = models.PositiveIntegerField(default=10)
     max_concurrent_drill_runs = models.PositiveIntegerField(default=1)
+    # GPU memory (MiB) one replica may use for the tenant: weights + KV cache + activations of
+    # its own replica, its KV blocks and activations in a shared pool's (serving.engine.memory).
+    max_gpu_memory_mb_per_replica = models.PositiveIntegerField(
+        default=24576, validators=[MinValueValidator(1)]
+    )
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -269,6 +269,7 @@ QUERY_BUDGETS: dict[str, int] = {
     "drill-list": 4,
     "drill-run-list": 4,
     "incident-list": 4,
+    "incident-analytics": 7,  # weeks, timings (onsets as subqueries), deployments, SLI sums
     "inference-key-list": 4,
     "invitation-list": 4,
     "member-list": 4,

@@ -138,11 +138,26 @@ class HintSerializer(serializers.Serializer):
     fix = serializers.CharField()
     score = serializers.FloatField()
     evidence = serializers.ListField(child=serializers.CharField())
+    base_score = serializers.FloatField(help_text="the score before your team's votes")
+    multiplier = serializers.FloatField(help_text="2 x Beta(1 + right, 1 + wrong) mean")
+    right = serializers.IntegerField()
+    wrong = serializers.IntegerField()
+
+
+class SymptomSerializer(serializers.Serializer):
+    symptom = serializers.CharField(help_text="out_of_memory, tokenizer_error, load_failure, ...")
+    label = serializers.CharField()
+    source = serializers.CharField()
+    at = serializers.DateTimeField(allow_null=True)
+    excerpt = serializers.CharField()
 
 
 class HintsSerializer(serializers.Serializer):
     signals = serializers.DictField(help_text="signal name -> number or flag")
     hints = HintSerializer(many=True)
+    muted = HintSerializer(many=True, help_text="causes your team's votes put aside")
+    symptoms = SymptomSerializer(many=True, help_text="what Serve and the replicas said")
+    my_votes = serializers.DictField(help_text="cause (case-folded) -> your verdict")
 
 
 class CauseRuleSerializer(serializers.ModelSerializer):
@@ -163,9 +178,26 @@ class CauseRuleInputSerializer(serializers.Serializer):
 
 
 class ChannelSerializer(serializers.ModelSerializer):
+    url = serializers.CharField(
+        source="url_shown", read_only=True, help_text="a Slack webhook URL is shown masked"
+    )
+    routing_key = serializers.CharField(
+        source="routing_key_hint", read_only=True, help_text="PagerDuty: its last 4 only"
+    )
+
     class Meta:
         model = NotificationChannel
-        fields = ["id", "kind", "name", "url", "email", "min_severity", "is_active", "created_at"]
+        fields = [
+            "id",
+            "kind",
+            "name",
+            "url",
+            "email",
+            "routing_key",
+            "min_severity",
+            "is_active",
+            "created_at",
+        ]
         read_only_fields = fields
 
 
@@ -188,6 +220,13 @@ class ChannelUpdateSerializer(serializers.Serializer):
         validators=[URLValidator(schemes=["http", "https"])],
     )
     email = serializers.EmailField(required=False, allow_blank=True)
+    routing_key = serializers.CharField(
+        max_length=80,
+        required=False,
+        allow_blank=True,
+        write_only=True,
+        help_text="PagerDuty: the Events API v2 integration key (never shown back)",
+    )
     min_severity = serializers.ChoiceField(choices=Severity.choices, required=False)
     is_active = serializers.BooleanField(required=False)
 

@@ -13,12 +13,17 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from incidents import selectors, services
+from incidents import analytics, selectors, services
 from incidents.api import filters
+from incidents.api import learning as ls
 from incidents.api import serializers as s
 from incidents.models import CauseRule, Incident, SlaBreach
 from incidents.notifications.models import NotificationChannel
+from incidents.rca import selectors as rca
 from incidents.rca.postmortem import postmortem_markdown
+from incidents.rca.selectors import voter_id
+from incidents.rca.services_feedback import hint_feedback_set
+from incidents.rca.similar import similar_incidents
 from portal.api.validation import validated
 from tenants.api.base import TenantScopedViewSet
 from tenants.models import Scope, Tenant
@@ -38,6 +43,9 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
         "notes": Scope.WRITE,
         "timeline": Scope.READ,
         "hints": Scope.READ,
+        "hint_feedback": Scope.WRITE,
+        "similar": Scope.READ,
+        "analytics": Scope.READ,
         "postmortem": Scope.READ,
     }
 
@@ -96,10 +104,44 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
     @extend_schema(responses=s.HintsSerializer)
     @action(detail=True, methods=["get"])
     def hints(self, request: Request, pk: str) -> Response:
-        signals, hints = selectors.incident_hints(
-            tenant=self.ctx.tenant, incident=self.get_object()
+        """Hints re-ranked by your team's votes (muted apart), and what Serve said."""
+        analysis = rca.incident_analysis(
+            tenant=self.ctx.tenant, incident=self.get_object(), user_id=voter_id(self.ctx.actor)
         )
-        return Response({"signals": signals, "hints": [asdict(h) for h in hints]})
+        return Response(analysis.as_dict())
+
+    @extend_schema(request=ls.HintFeedbackInputSerializer, responses=ls.HintWeightSerializer)
+    @action(detail=True, methods=["post"], url_path="hint-feedback")
+    def hint_feedback(self, request: Request, pk: str) -> Response:
+        """Mark a hint right or wrong (again to change it, '' to take it back): the cause's
+        weight changes for your tenant only."""
+        incident = self.get_object()  # someone else's is a 404 whatever the body
+        data = validated(ls.HintFeedbackInputSerializer, request.data)
+        weight = hint_feedback_set(
+            tenant=self.ctx.tenant, actor=self.ctx.actor, incident=incident, **data
+        )
+        return Response(ls.HintWeightSerializer(weight).data)
+
+    @extend_schema(responses=ls.SimilarSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def similar(self, request: Request, pk: str) -> Response:
+        """Your past incidents with the same symptoms (same deployment or version first)."""
+        incident = self.get_object()
+        analysis = rca.incident_analysis(tenant=self.ctx.tenant, incident=incident)
+        causes = [h.cause for h in analysis.hints]
+        found = similar_incidents(tenant=self.ctx.tenant, incident=incident, causes=causes)
+        return Response([asdict(f) for f in found])
+
+    @extend_schema(parameters=[ls.AnalyticsQuerySerializer], responses=ls.AnalyticsSerializer)
+    @action(detail=False, methods=["get"])
+    def analytics(self, request: Request) -> Response:
+        """Incidents per week by severity, MTTD / MTTR p50 and p95 (real and drills apart),
+        availability per deployment."""
+        query = validated(ls.AnalyticsQuerySerializer, request.query_params)
+        data = analytics.incident_analytics(
+            tenant=self.ctx.tenant, weeks=query["weeks"], window_days=query["days"]
+        )
+        return Response(ls.AnalyticsSerializer(data).data)
 
     @extend_schema(
         responses={
@@ -164,7 +206,8 @@ class NotificationChannelViewSet(
     mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet
 ):
     """Where incidents are announced: webhooks (JSON, signed `X-Portal-Signature: sha256=HMAC
-    of "<X-Portal-Timestamp>.<body>"`) and e-mail. The secret is shown once, at creation."""
+    of "<X-Portal-Timestamp>.<body>"`), e-mail, Slack incoming webhooks and PagerDuty (Events
+    API v2). A webhook's secret is shown once, at creation; a PagerDuty routing key never."""
 
     queryset = NotificationChannel.objects.none()
     serializer_class = s.ChannelSerializer
@@ -179,7 +222,7 @@ class NotificationChannelViewSet(
         channel, secret = services.notification_channel_create(
             tenant=self.ctx.tenant, actor=self.ctx.actor, **data
         )
-        body = {**s.ChannelSerializer(channel).data, "secret": secret}
+        body = {**s.ChannelSerializer(channel).data, **({"secret": secret} if secret else {})}
         return Response(body, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.ChannelUpdateSerializer, responses=s.ChannelSerializer)

@@ -20,11 +20,14 @@ from incidents.drills.models import (
     FaultKind,
     RevertStrategy,
 )
+from incidents.drills.not_offered import NOT_OFFERED
 from portal.api.validation import validated
 from portal.exceptions import ValidationFailed
 from serving.deployments import selectors as deployment_selectors
 from tenants.api.base import TenantScopedViewSet
 from tenants.models import Scope, Tenant
+
+NOT_OFFERED_CHOICES = [(name, name) for name in NOT_OFFERED]
 
 
 class DrillSerializer(serializers.ModelSerializer):
@@ -46,6 +49,7 @@ class DrillSerializer(serializers.ModelSerializer):
             "schedule",
             "revert",
             "is_active",
+            "replay_prompts",
             "created_at",
         ]
         read_only_fields = fields
@@ -55,7 +59,8 @@ class DrillInputSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     description = serializers.CharField(max_length=2000, required=False, allow_blank=True)
     deployment = serializers.IntegerField(help_text="a deployment of your tenant")
-    fault = serializers.ChoiceField(choices=FaultKind.choices)
+    # Faults the seeds name but the portal does not offer pass here, to be refused with why.
+    fault = serializers.ChoiceField(choices=[*FaultKind.choices, *NOT_OFFERED_CHOICES])
     parameters = serializers.JSONField(required=False)
     group = serializers.ChoiceField(choices=DrillSlot.choices, required=False)
     replica_share = serializers.FloatField(min_value=0.01, max_value=1.0, required=False)
@@ -66,6 +71,9 @@ class DrillInputSerializer(serializers.Serializer):
     schedule = serializers.CharField(max_length=100, required=False, allow_blank=True)
     revert = serializers.ChoiceField(choices=RevertStrategy.choices, required=False)
     is_active = serializers.BooleanField(required=False)
+    replay_prompts = serializers.BooleanField(
+        required=False, help_text="build the fault's prompts from the tenant's recent prompts"
+    )
 
 
 class DrillEventSerializer(serializers.ModelSerializer):
@@ -78,6 +86,7 @@ class DrillEventSerializer(serializers.ModelSerializer):
 class DrillRunSerializer(serializers.ModelSerializer):
     mttd_s = serializers.FloatField(read_only=True, allow_null=True)
     mttr_s = serializers.FloatField(read_only=True, allow_null=True)
+    detected = serializers.BooleanField(read_only=True, allow_null=True)
 
     class Meta:
         model = DrillRun
@@ -91,7 +100,11 @@ class DrillRunSerializer(serializers.ModelSerializer):
             "created_at",
             "started_at",
             "injected_at",
+            "effect_at",
+            "detected",
+            "detected_by",
             "detected_at",
+            "detection",
             "mitigated_at",
             "reverted_at",
             "finished_at",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from incidents.drills.models import FaultKind
+from incidents.drills.not_offered import check_offered
 from portal.exceptions import ValidationFailed
 
 
@@ -18,6 +19,10 @@ class Fault:
     # "traffic": traffic_share is the share of requests; "replicas": replica_share the share
     # of replicas; "slot": the whole slot (no share applies); "control": the control plane.
     blast: str
+    _: KW_ONLY
+    # What should notice it (incidents.drills.detection.SIGNALS), in the order tried: every
+    # fault must name one, or its runs could only prove survival, never detection.
+    detectors: tuple[str, ...]
 
 
 BLAST_RADIUS = {
@@ -35,6 +40,7 @@ CATALOGUE: dict[str, Fault] = {
         "availability objectives should catch it; a rollback fixes it.",
         {"status": (500, 599, 503)},
         "traffic",
+        detectors=("error_ratio", "contract"),
     ),
     FaultKind.LATENCY_SPIKE: Fault(
         "Latency spike",
@@ -46,14 +52,17 @@ CATALOGUE: dict[str, Fault] = {
             "distribution": ("fixed", "uniform", "exponential"),
         },
         "traffic",
+        detectors=("latency_p95", "contract"),
     ),
     FaultKind.GPU_MEMORY_LEAK: Fault(
         "GPU memory leak",
-        "The replicas allocate device memory (host memory without a GPU) at N MB/s without "
-        "freeing it, up to a cap (at most half the replica's own memory share); watch the "
-        "GPU dashboard and the KV cache.",
+        "The replicas allocate device memory at N MB/s without freeing it, up to a cap (at "
+        "most half the replica's own memory share); a replica without a GPU leaks simulated "
+        "device memory (counted, not allocated; labelled simulated). GPU memory or the "
+        "replicas' reported memory must notice it.",
         {"mb_per_s": (1, 10_000, 50), "max_mb": (1, 1_000_000, 256)},
         "replicas",
+        detectors=("gpu_memory", "replica_memory"),
     ),
     FaultKind.REPLICA_CRASH: Fault(
         "Replica crash",
@@ -61,12 +70,14 @@ CATALOGUE: dict[str, Fault] = {
         "them fail; clients with retries should not notice.",
         {"after_s": (0, 3600, 0)},
         "replicas",
+        detectors=("replica_restarts", "contract"),
     ),
     FaultKind.REPLICA_HANG: Fault(
         "Replica hang",
         "A share of the slot's replicas stop answering Serve's health check; Serve replaces them.",
         {},
         "replicas",
+        detectors=("replica_restarts", "contract"),
     ),
     FaultKind.KV_POLLUTION_PROBE: Fault(
         "KV cache pollution probe",
@@ -77,6 +88,7 @@ CATALOGUE: dict[str, Fault] = {
         "the tenant's own repeat hits prove the probe could have seen one.",
         {"replays_per_step": (1, 10, 2), "prompt_chars": (64, 8000, 400)},
         "slot",
+        detectors=("probe",),
     ),
     FaultKind.TOKEN_STARVATION: Fault(
         "Token starvation",
@@ -91,6 +103,7 @@ CATALOGUE: dict[str, Fault] = {
             "bystander_max_error_rate": (0, 1, 0),
         },
         "slot",
+        detectors=("kv_use", "probe"),
     ),
     FaultKind.WEIGHT_SWAP_JITTER: Fault(
         "Weight swap jitter",
@@ -99,6 +112,7 @@ CATALOGUE: dict[str, Fault] = {
         "`reloads` times in all. Not one request may fail.",
         {"reloads": (1, 100, 3), "interval_s": (1, 600, 5)},
         "slot",
+        detectors=("reloads",),
     ),
     FaultKind.CONTROL_PLANE_DELAY: Fault(
         "Control plane delay",
@@ -108,6 +122,17 @@ CATALOGUE: dict[str, Fault] = {
         "so only platform staff may run it.",
         {"delay_ms": (1, 10_000, 2000)},
         "control",
+        detectors=("probe",),
+    ),
+    FaultKind.PROMPT_INJECTION: Fault(
+        "Prompt injection",
+        "The project's injection corpus (instruction overrides, system-prompt extraction, "
+        "role-play jailbreaks, encoded and indirect instructions) sent through the deployment "
+        "under a system prompt holding a canary secret; the guard must refuse each item or the "
+        "answer keep to the system prompt (no canary, no injected payload). One leak fails.",
+        {"prompts_per_step": (1, 30, 10), "max_tokens": (1, 256, 48)},
+        "slot",
+        detectors=("probe",),
     ),
 }
 
@@ -129,6 +154,7 @@ def catalogue() -> list[dict[str, Any]]:
                 "description": fault.description,
                 "parameters": params,
                 "blast_radius": BLAST_RADIUS[fault.blast],
+                "detectors": list(fault.detectors),
             }
         )
     return out
@@ -138,6 +164,7 @@ PROBE_SLIS = {"error_rate": "max", "availability": "min", "latency_p95_ms": "max
 
 
 def check_parameters(fault: str, raw: Any) -> dict[str, Any]:
+    check_offered(fault)  # a fault the seeds name that is not offered: its reason
     if fault not in CATALOGUE:
         raise ValidationFailed(f"must be one of {', '.join(CATALOGUE)}.", field="fault")
     spec = CATALOGUE[fault].parameters

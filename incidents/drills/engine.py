@@ -8,9 +8,10 @@ from typing import Any
 
 from django.db import transaction
 
+from incidents.drills import detection, policy, replay
 from incidents.drills import faults as drill_faults
-from incidents.drills import policy
 from incidents.drills.base import (
+    DETECTION_WAIT_S,
     RECOVERY_WAIT_S,
     STEP_S,
     TTL_GRACE_S,
@@ -57,6 +58,7 @@ def run_advance(run_id: int, now: float | None = None) -> float | None:
 def _start(run: DrillRun, now: float) -> float:
     run.started_at = to_datetime(now)
     run.status = DrillStatus.CHECKING
+    replay.arm(run, now)  # opt-in: the router records the tenant's prompts for this run
     record_event(run, "checking", "checking the steady state before injecting")
     return 0.0
 
@@ -129,6 +131,7 @@ def _inject(run: DrillRun, now: float) -> float:
                 parameters=run.snapshot["parameters"],
             )
             drill_faults.guarded(run, "injected", lambda: active.injected(run, now), None)
+            detection.take_baseline(run, now)
             return STEP_S
     if reason is not None:
         _finish(run, DrillStatus.ABORTED, reason)
@@ -168,6 +171,7 @@ def _inject(run: DrillRun, now: float) -> float:
         fault=entry,
     )
     drill_faults.guarded(run, "injected", lambda: active.injected(run, now), None)
+    detection.take_baseline(run, now)
     return STEP_S
 
 
@@ -178,6 +182,7 @@ def _observe(run: DrillRun, now: float) -> float:
         run.deviated = True
         record_event(run, "deviated", "the steady state deviated", probes=results)
     note_detection(run, now)
+    detection.step(run, now)
     reason = _abort_reason(run, now, results)
     if reason is not None:
         record_event(run, "aborting", reason)
@@ -192,6 +197,7 @@ def _observe(run: DrillRun, now: float) -> float:
     if broken is not None:  # the drill saw it itself (a cross-tenant hit): detected at once
         run.deviated = True
         run.detected_at = run.detected_at or to_datetime(now)
+        run.detected_by = run.detected_by or "probe"
         record_event(run, "detected", broken)
         run.status = DrillStatus.REVERTING
         return 0.0
@@ -253,17 +259,24 @@ def _revert(run: DrillRun, now: float) -> float | None:
         return _reverted(run, active, now)
     drill_faults.guarded(run, "wind_down", lambda: active.wind_down(run, now), None)
     note_detection(run, now)
+    detection.step(run, now)
     held, results = steady_state(run, now)
     waited = now - run.reverted_at.timestamp()
     if not held and waited < RECOVERY_WAIT_S and not run.stop_requested:
         return STEP_S
+    failure = None if run.stop_requested else active.failure(run)
+    late = failure is None and not _ending_early(run) and detection.verdict(run) is not None
+    if late and waited < DETECTION_WAIT_S:
+        return STEP_S  # a late row or report may still show the fault was noticed
     if run.deviated and run.mitigated_at is None and held:
         run.mitigated_at = to_datetime(now)
-    failure = None if run.stop_requested else active.failure(run)
+    unnoticed = detection.verdict(run)
     if run.stop_requested or (run.verdict and run.verdict.startswith("aborted")):
         _finish(run, DrillStatus.ABORTED, run.verdict or "stopped by hand")
     elif failure is not None:
         _finish(run, DrillStatus.FAILED, failure)
+    elif unnoticed is not None:  # not a steady-state failure: nothing noticed the fault
+        _finish(run, DrillStatus.FAILED, unnoticed)
     elif not held:
         _finish(
             run,
@@ -286,6 +299,10 @@ def _revert(run: DrillRun, now: float) -> float | None:
     return None
 
 
+def _ending_early(run: DrillRun) -> bool:
+    return run.stop_requested or run.verdict.startswith("aborted")
+
+
 def _left_to_ttl(run: DrillRun) -> None:
     record_event(
         run,
@@ -302,6 +319,8 @@ def _reverted(run: DrillRun, active: drill_faults.ActiveFault, now: float) -> fl
 
 
 def _finish(run: DrillRun, status: str, verdict: str) -> None:
+    verdict = drill_faults.of(run.fault).annotate(run, verdict)
+    replay.discard(run)  # the prompt sample goes with the run, whatever the verdict
     run.status = status
     run.verdict = verdict
     run.finished_at = run.stepped_at  # this step's time
@@ -314,6 +333,7 @@ def _finish(run: DrillRun, status: str, verdict: str) -> None:
         verdict,
         mttd_s=run.mttd_s,
         mttr_s=run.mttr_s,
+        detected_by=run.detected_by or None,
         resilience_score=run.resilience_score,
     )
 
@@ -334,7 +354,8 @@ def note_detection(run: DrillRun, now: float) -> None:
         )
         if incident is not None:
             run.incident = incident
-            run.detected_at = incident.triggered_at
+            if "contract" in detection.declared(run) and not run.detected_by:
+                run.detected_at, run.detected_by = incident.triggered_at, "contract"
             record_event(
                 run,
                 "detected",

@@ -25,6 +25,7 @@ class FaultKind(models.TextChoices):
     TOKEN_STARVATION = "token_starvation", "Token starvation"
     WEIGHT_SWAP_JITTER = "weight_swap_jitter", "Weight swap jitter"
     CONTROL_PLANE_DELAY = "control_plane_delay", "Control plane delay"
+    PROMPT_INJECTION = "prompt_injection", "Prompt injection"
 
 
 class DrillSlot(models.TextChoices):
@@ -92,6 +93,9 @@ class ChaosDrill(TenantOwned):
     revert = models.CharField(
         max_length=10, choices=RevertStrategy.choices, default=RevertStrategy.ALWAYS
     )
+    # Opt-in: the fault's own prompts are built from a sample of the tenant's recent prompts,
+    # recorded for the run only (incidents.drills.replay), instead of synthetic filler.
+    replay_prompts = models.BooleanField(default=False)
     is_active = models.BooleanField(default=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -125,7 +129,13 @@ class DrillRun(TenantOwned):
     previous_step_at: float | None = None  # not stored: the step before this one (run_advance)
     started_at = models.DateTimeField(null=True, blank=True)
     injected_at = models.DateTimeField(null=True, blank=True)
-    detected_at = models.DateTimeField(null=True, blank=True)  # a drill incident opened
+    # The fault took effect (the replicas' own reports, or the drill's for control faults).
+    effect_at = models.DateTimeField(null=True, blank=True)
+    # The first declared signal that moved beyond its baseline (incidents.drills.detection).
+    detected_at = models.DateTimeField(null=True, blank=True)
+    detected_by = models.CharField(max_length=32, blank=True)
+    # {"signals", "baseline", "values", "effect", "simulated", "replicas_at_injection"}
+    detection = models.JSONField(default=dict, blank=True)
     mitigated_at = models.DateTimeField(null=True, blank=True)  # rollback done or recovered
     reverted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -164,9 +174,16 @@ class DrillRun(TenantOwned):
 
     @property
     def mttd_s(self) -> float | None:
-        if self.injected_at and self.detected_at:
-            return max(0.0, (self.detected_at - self.injected_at).total_seconds())
+        """First detection - the fault effective (its injection until a replica reports it)."""
+        start = self.effect_at or self.injected_at
+        if start and self.detected_at:
+            return max(0.0, (self.detected_at - start).total_seconds())
         return None
+
+    @property
+    def detected(self) -> bool | None:
+        """None until the run has injected; then whether a declared signal noticed it."""
+        return None if self.injected_at is None else bool(self.detected_by)
 
     @property
     def mttr_s(self) -> float | None:

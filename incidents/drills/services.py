@@ -9,7 +9,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from incidents.drills import faults as drill_faults
-from incidents.drills import policy
+from incidents.drills import policy, replay
 from incidents.drills.base import record_event
 from incidents.drills.catalogue import (
     check_abort,
@@ -43,6 +43,7 @@ DRILL_FIELDS = (
     "schedule",
     "revert",
     "is_active",
+    "replay_prompts",
 )
 
 
@@ -64,6 +65,7 @@ def _apply(drill: ChaosDrill, data: dict[str, Any]) -> None:
 
     clean_or_fail(drill, exclude=["tenant", "deployment", "created_by", "periodic_task"])
     drill_faults.of(drill.fault).check(drill)
+    replay.check(drill)
     policy.check_size(drill)
 
 

@@ -60,6 +60,11 @@ class DrillForm(forms.Form):
     )
     schedule = forms.CharField(required=False, help_text="cron, UTC, e.g. 30 3 * * 1")
     revert = forms.ChoiceField(choices=RevertStrategy.choices)
+    replay_prompts = forms.BooleanField(
+        required=False,
+        help_text="kv_pollution_probe, token_starvation: build the drill's prompts from a "
+        "sample of your recent prompts (kept for the run only)",
+    )
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
 
     def clean(self) -> dict[str, Any]:

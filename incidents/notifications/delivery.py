@@ -1,13 +1,14 @@
 """Telling people about incidents: the live pages (a Channels group per tenant) and the
-tenant's notification channels (signed webhooks, e-mail), delivered by a Celery task with
-retries and exponential backoff. Deliveries are at least once; receivers deduplicate on the
-`X-Portal-Delivery` header.
+tenant's notification channels (signed webhooks, e-mail, Slack, PagerDuty; their formats in
+`formats`), delivered by a Celery task with retries and exponential backoff. Deliveries are at
+least once; webhook receivers deduplicate on the `X-Portal-Delivery` header, PagerDuty on the
+incident's dedup_key.
 
-A webhook is posted only to public addresses (`portal.netguard`, plus the networks the platform
-allows in WEBHOOK_ALLOWED_NETWORKS): each attempt resolves the host once, checks every address
-and connects to a checked one (the Host header and TLS name stay the URL's), follows no
-redirect and keeps only the receiver's status code, never its body. A suspended tenant's
-deliveries are not sent.
+A webhook, Slack message or PagerDuty event is posted only to public addresses
+(`portal.netguard`, plus the networks the platform allows in WEBHOOK_ALLOWED_NETWORKS): each
+attempt resolves the host once, checks every address and connects to a checked one (the Host
+header and TLS name stay the URL's), follows no redirect and keeps only the receiver's status
+code, never its body. A suspended tenant's deliveries are not sent.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from incidents.models import Incident, IncidentEvent
+from incidents.notifications import formats
 from incidents.notifications.models import (
     ChannelKind,
     DeliveryStatus,
@@ -113,32 +115,6 @@ def sign(secret: str, timestamp: str, body: str) -> str:
     return f"sha256={mac.hexdigest()}"
 
 
-def incident_url(incident: Incident) -> str:
-    base = str(getattr(settings, "PORTAL_BASE_URL", "")).rstrip("/")
-    return f"{base}/api/v1/incidents/{incident.pk}/"
-
-
-def payload(delivery: NotificationDelivery) -> dict[str, Any]:
-    incident, event = delivery.incident, delivery.event
-    return {
-        "delivery": delivery.pk,
-        "type": f"incident.{event.kind if event else 'updated'}",
-        "incident": {
-            "id": incident.pk,
-            "title": incident.title,
-            "severity": incident.severity,
-            "status": incident.status,
-            "deployment": incident.deployment_id,
-            "is_drill": incident.is_drill,
-            "triggered_at": incident.triggered_at.isoformat(),
-            "url": incident_url(incident),
-        },
-        "event": None
-        if event is None
-        else {"kind": event.kind, "at": event.at.isoformat(), "message": event.message},
-    }
-
-
 @dataclass(frozen=True)
 class Outcome:
     status: str  # sent | pending (retry) | failed | skipped
@@ -186,24 +162,30 @@ def _judge(code: int) -> _Answer:
     return _Answer(code, f"HTTP {code}", retryable=code >= 500 or code == 429)
 
 
-def _send_webhook(delivery: NotificationDelivery, body: str) -> _Answer:
-    """POST the body to one of the addresses checked for this attempt (no second lookup);
-    the receiver's answer is judged by its status code alone and its body is never read."""
-    try:
-        target = webhook_check(delivery.channel.url)
-    except netguard.Unresolvable as exc:  # DNS may come back: retried
-        return _Answer(None, f"not sent: {exc}", retryable=True)
-    except netguard.Refused as exc:
-        return _Answer(None, f"refused: {exc}")
+def _webhook_headers(delivery: NotificationDelivery, body: str) -> dict[str, str]:
     timestamp = str(int(time.time()))
-    headers = {
-        "Host": target.host_header,
-        "Content-Type": "application/json",
-        "User-Agent": USER_AGENT,
+    return {
         "X-Portal-Event": json.loads(body)["type"],
         "X-Portal-Delivery": str(delivery.pk),
         "X-Portal-Timestamp": timestamp,
         "X-Portal-Signature": sign(delivery.channel.secret, timestamp, body),
+    }
+
+
+def _post(url: str, body: str, extra_headers: dict[str, str]) -> _Answer:
+    """POST the JSON body to one of the addresses checked for this attempt (no second
+    lookup); the receiver's answer is judged by its status code alone, its body never read."""
+    try:
+        target = webhook_check(url)
+    except netguard.Unresolvable as exc:  # DNS may come back: retried
+        return _Answer(None, f"not sent: {exc}", retryable=True)
+    except netguard.Refused as exc:
+        return _Answer(None, f"refused: {exc}")
+    headers = {
+        "Host": target.host_header,
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        **extra_headers,
     }
     extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
     failure = _Answer(None, "not sent: no address to connect to.", retryable=True)
@@ -238,21 +220,12 @@ def _not_sendable(delivery: NotificationDelivery) -> str:
     return ""
 
 
-def _send_email(delivery: NotificationDelivery, data: dict[str, Any]) -> str:
-    incident = data["incident"]
-    lines = [
-        f"{incident['title']}",
-        f"Severity: {incident['severity']}   Status: {incident['status']}",
-        f"Triggered: {incident['triggered_at']}",
-    ]
-    if data["event"]:
-        lines.append(f"Event: {data['event']['kind']}: {data['event']['message']}")
-    lines.append(incident["url"])
-    drill = "[drill] " if incident["is_drill"] else ""
+def _send_email(delivery: NotificationDelivery, f: formats.Facts) -> str:
+    subject, body = formats.email_message(f)
     try:
         send_mail(
-            subject=f"{drill}[{incident['severity']}] #{incident['id']} {incident['title']}"[:200],
-            message="\n".join(lines),
+            subject=subject,
+            message=body,
             from_email=None,
             recipient_list=[delivery.channel.email],
         )
@@ -261,11 +234,33 @@ def _send_email(delivery: NotificationDelivery, data: dict[str, Any]) -> str:
     return ""
 
 
+def _send(delivery: NotificationDelivery) -> _Answer:
+    """One try of the channel's kind: the signed webhook, Slack's incoming webhook and
+    PagerDuty's Events API go through the outbound-URL guard; e-mail through SMTP."""
+    channel = delivery.channel
+    f = formats.facts(delivery)
+    if channel.kind == ChannelKind.EMAIL:
+        error = _send_email(delivery, f)
+        return _Answer(None, error, retryable=bool(error))
+    if channel.kind == ChannelKind.SLACK:
+        data = formats.slack_message(f)
+    elif channel.kind == ChannelKind.PAGERDUTY:
+        data = formats.pagerduty_event(f, routing_key=channel.secret)
+    else:
+        data = formats.webhook_payload(delivery, f)
+    body = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    if channel.kind == ChannelKind.WEBHOOK:
+        return _post(channel.url, body, _webhook_headers(delivery, body))
+    return _post(channel.url, body, {})
+
+
 def delivery_attempt(*, delivery_id: int) -> Outcome:
     """One attempt of one delivery. Connection errors, 5xx and 429 are retried after
     2**attempts seconds, up to MAX_ATTEMPTS; any other answer is final."""
     delivery = (
-        NotificationDelivery.objects.select_related("tenant", "channel", "incident", "event")
+        NotificationDelivery.objects.select_related(
+            "tenant", "channel", "incident", "event", "incident__first_breach"
+        )
         .filter(pk=delivery_id)
         .first()
     )
@@ -278,15 +273,8 @@ def delivery_attempt(*, delivery_id: int) -> Outcome:
         )
         logger.info("notification %s not sent: %s", delivery.pk, halt)
         return Outcome(DeliveryStatus.FAILED)
-    data = payload(delivery)
-    code: int | None = None
-    if delivery.channel.kind == ChannelKind.WEBHOOK:
-        body = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        answer = _send_webhook(delivery, body)
-        code, error, retryable = answer.code, answer.error, answer.retryable
-    else:
-        error = _send_email(delivery, data)
-        retryable = bool(error)
+    answer = _send(delivery)
+    code, error, retryable = answer.code, answer.error, answer.retryable
     attempts = delivery.attempts + 1
     now = timezone.now()
     if not error:

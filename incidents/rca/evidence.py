@@ -17,6 +17,13 @@ from django.db.models import Q
 from django.utils import timezone
 
 from incidents.models import BreachGroup, Incident, SlaBreach
+from incidents.rca.symptoms import (
+    SYMPTOM_LABELS,
+    SymptomItem,
+    items_of,
+    serve_messages,
+    symptom_counts,
+)
 from serving.dataplane.sli import BOUNDS_MS, quantile
 from serving.deployments.models import ReconcileRun
 from serving.ops.models import Rollout, SliSample
@@ -45,6 +52,8 @@ SIGNAL_NAMES = (
     "reconcile_p95_ms",
     "reconcile_failures",
     "gpu_memory_growth_mb_per_min",
+    # How many of Serve's and the replicas' messages show a symptom (incidents.rca.symptoms).
+    *(f"serve_{name}" for name in SYMPTOM_LABELS),
 )
 
 Signals = dict[str, float | bool]
@@ -185,10 +194,22 @@ def reconcile_signals(runs: Sequence[Any]) -> Signals:
 
 def incident_signals(*, tenant: Tenant, incident: Incident) -> Signals:
     """Every signal around `incident`: [triggered_at - 15 min, resolved_at or now]."""
+    return incident_evidence(tenant=tenant, incident=incident)[0]
+
+
+def incident_evidence(*, tenant: Tenant, incident: Incident) -> tuple[Signals, list[SymptomItem]]:
+    """The signals around `incident` and the Serve symptoms among them, one read of each."""
     start, end = incident_window(incident)
     signals: Signals = {}
-    breaches = SlaBreach.objects.filter(tenant=tenant, incident=incident)
-    canary = breaches.filter(group=BreachGroup.CANARY).exists()
+    if "breaches" in getattr(incident, "_prefetched_objects_cache", {}):  # the detail views'
+        breaches = [b for b in incident.breaches.all() if b.tenant_id == tenant.pk]
+    else:
+        breaches = list(
+            SlaBreach.objects.filter(tenant=tenant, incident=incident).only(
+                "tenant_id", "group", "kind", "detail", "observed", "detected_at"
+            )
+        )
+    canary = any(b.group == BreachGroup.CANARY for b in breaches)
     if incident.deployment_id is not None:
         samples = sli_samples_between(
             tenant=tenant, deployment_id=incident.deployment_id, start=start, end=end
@@ -210,4 +231,9 @@ def incident_signals(*, tenant: Tenant, incident: Incident) -> Signals:
     signals["canary_involved"] = canary
     runs = ReconcileRun.objects.filter(started_at__gte=start, started_at__lte=end)
     signals.update(reconcile_signals(list(runs.only("duration_ms", "ok", "finished_at", "error"))))
-    return signals
+    messages = serve_messages(
+        tenant=tenant, incident=incident, start=start, end=end, breaches=breaches
+    )
+    items = items_of(messages)
+    signals.update(symptom_counts(items))
+    return signals, items

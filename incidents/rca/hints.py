@@ -48,6 +48,11 @@ class Hint:
     fix: str
     score: float
     evidence: list[str] = field(default_factory=list)
+    # What the tenant's votes made of it (incidents.rca.learning): the score before them.
+    base_score: float | None = None
+    multiplier: float = 1.0
+    right: int = 0
+    wrong: int = 0
 
 
 OP_SIGNS = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<=", "eq": "=="}
@@ -101,6 +106,25 @@ SEEDED: tuple[Cause, ...] = (
             Symptom("request_rate_ratio", "gte", 3.0, 3.0),
             Symptom("rejected_ratio", "gte", 0.2, 2.0),
         ),
+    ),
+    # What Serve and the replicas said (incidents.rca.symptoms).
+    Cause(
+        "Out of GPU memory",
+        "Lower max_num_seqs / kv_blocks or the batch, or give each replica more GPU memory; "
+        "check for a leak if it grew over time.",
+        (Symptom("serve_out_of_memory", "gt", 0, 4.0), Symptom("serve_cuda_error", "gt", 0, 1.0)),
+    ),
+    Cause(
+        "Tokenizer mismatch",
+        "Ship the tokenizer files with the weights and check that they belong to this model "
+        "(vocabulary size, special tokens, chat template).",
+        (Symptom("serve_tokenizer_error", "gt", 0, 4.0),),
+    ),
+    Cause(
+        "Model fails to load",
+        "Check the artifact (files present, safetensors intact, config.json) and the replica's "
+        "resources; roll back to the last good version.",
+        (Symptom("serve_load_failure", "gt", 0, 4.0), Symptom("serve_unplaceable", "gt", 0, 1.0)),
     ),
 )
 

@@ -139,6 +139,8 @@ def _version_args(spec: DeploymentSpec, group: str, slot: SlotSpec) -> dict[str,
     }
     if slot.is_vllm:
         args["server"] = VLLM_SERVER
+        if spec.kv_cache.get("prefix_caching") is False:  # an init arg: rolls the replicas
+            args["engine"]["enable_prefix_caching"] = False
     return args
 
 
@@ -156,7 +158,15 @@ def _version_user_config(
         },
         "faults": dict(spec.faults.get(group, {})),
         "telemetry": telemetry,
+        **({"kv_cache": dict(spec.kv_cache)} if spec.kv_cache else {}),
+        **_memory_caps({spec.tenant_id: spec.gpu_memory_mb}),
     }
+
+
+def _memory_caps(caps: dict[str, int | None]) -> dict[str, Any]:
+    """The tenants' GPU memory caps per replica in MiB, where set (serving.engine.memory)."""
+    known = {tenant: mb for tenant, mb in sorted(caps.items()) if mb is not None}
+    return {"gpu_memory_mb": known} if known else {}
 
 
 def _version_app(
@@ -218,11 +228,13 @@ def _pool_app(pool: PoolSpec, telemetry: dict[str, Any]) -> dict[str, Any]:
                             "salt": share.salt,
                             "quota_blocks": share.quota_blocks,
                             "max_running": share.max_running,
+                            **({"kv_cache": dict(share.kv_cache)} if share.kv_cache else {}),
                         }
                         for tenant, share in sorted(pool.tenants.items())
                     },
                     "faults": {},
                     "telemetry": telemetry,
+                    **_memory_caps({t: s.gpu_memory_mb for t, s in pool.tenants.items()}),
                 },
             }
         ],
@@ -263,7 +275,13 @@ def _router_app(spec: DeploymentSpec, telemetry: dict[str, Any]) -> dict[str, An
         "breaker": dict(spec.breaker),
         "telemetry": telemetry,
         "suspended": spec.suspended,
+        "traffic": dict(spec.traffic),
+        # The weights each group should answer with (X-Model-Fingerprint, until one answers).
+        "fingerprints": {"stable": spec.stable.fingerprint}
+        | ({"canary": spec.canary.fingerprint} if spec.canary is not None else {}),
     }
+    if spec.batch_key_hashes:  # absent: every key realtime (serving.dataplane.keys)
+        user_config["batch_key_hashes"] = sorted(spec.batch_key_hashes)
     if spec.pool is not None:
         user_config["canary_percent"] = 0
         user_config["groups"] = {

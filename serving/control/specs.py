@@ -82,6 +82,9 @@ class PoolTenant:
     salt: str  # the tenant's cache salt, hex
     quota_blocks: int
     max_running: int
+    # The tenant's KV cache lifetime (its deployment's `kv_cache`), for its own blocks only.
+    kv_cache: dict[str, Any] = field(default_factory=dict, compare=False)
+    gpu_memory_mb: int | None = None  # the tenant's GPU memory cap per replica (its Quota)
 
 
 @dataclass(frozen=True)
@@ -125,8 +128,10 @@ class DeploymentSpec:
     block_size: int = 16
     max_num_seqs: int = 16
     quota_blocks: int | None = None
+    gpu_memory_mb: int | None = None  # the tenant's GPU memory cap per replica (its Quota)
     cache_salt_hex: str = ""
     key_hashes: tuple[str, ...] = ()
+    batch_key_hashes: tuple[str, ...] = ()  # of key_hashes, those of priority "batch"
     guard: dict[str, Any] = field(default_factory=dict)
     breaker: dict[str, Any] = field(default_factory=dict)
     faults: dict[str, Any] = field(default_factory=dict)
@@ -143,6 +148,11 @@ class DeploymentSpec:
     tier_policy: dict[str, Any] = field(default_factory=dict)
     reload_deadline_s: float = 60.0
     standby_precision: str = "same"  # "float16": the standby copy's (serving.dataplane.standby)
+    # Sticky split by client key (serving.dataplane.sticky): sticky, client_key_header,
+    # user_field and the deployment's traffic salt (hex); {}: random split, nothing tracked.
+    traffic: dict[str, Any] = field(default_factory=dict)
+    # KV cache lifetime (serving.deployments.kv_specs): prefix_caching, max_age_s; {}: defaults.
+    kv_cache: dict[str, Any] = field(default_factory=dict)
 
     @property
     def app_name(self) -> str:

@@ -30,7 +30,10 @@ def forget_tenant(engine: Any, tenant: str) -> bool:
 def engine_refusal(exc: Exception) -> Refused | None:
     """The client's answer for what the engine refuses; None: the version's own failure."""
     from serving.engine.engine import DuplicateRequest, EngineFull
+    from serving.engine.memory import MemoryRefused
 
+    if isinstance(exc, MemoryRefused):  # 413: never fits under the tenant's cap; 503: not now
+        return Refused(exc.status, exc.code, exc.message)
     if isinstance(exc, EngineFull):
         return Refused(429, "kv_quota_exceeded", str(exc))
     if isinstance(exc, DuplicateRequest):

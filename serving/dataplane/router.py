@@ -15,7 +15,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serving.dataplane import openai, tiers, tracing
+from serving.dataplane import openai, sticky, tiers, tracing
 from serving.dataplane.answers import (
     publish_router,
     short_error,
@@ -27,7 +27,7 @@ from serving.dataplane.breaker import BreakerConfig, CircuitBreaker
 from serving.dataplane.faults import InjectedFault
 from serving.dataplane.guard import GuardConfig, Refused, check_lengths, parse_body
 from serving.dataplane.handles import PoolSlot, Retired, Retirements
-from serving.dataplane.keys import bearer, hash_key, key_matches
+from serving.dataplane.keys import bearer, hash_key, key_matches, key_priority
 from serving.dataplane.lifecycle import (
     COMPLETED,
     EXECUTING,
@@ -37,8 +37,15 @@ from serving.dataplane.lifecycle import (
     Lifecycle,
     RecentRequests,
 )
+from serving.dataplane.prompt_sample import PromptSampler
 from serving.dataplane.publisher import Publisher, app_name, replica_id
-from serving.dataplane.traffic import TraceContext, choose_group, continue_trace
+from serving.dataplane.traffic import (
+    TraceContext,
+    choose_group,
+    continue_trace,
+    incoming_trace,
+    trace_headers,
+)
 from serving.dataplane.version import VersionCore
 
 LOCAL_SERVER = "serving.dataplane.version:VersionCore"
@@ -74,8 +81,10 @@ class Router:
         self.tiers = tiers.TierRouter(self)  # degraded modes (serving.dataplane.tiers)
         self.retirements = Retirements()
         self.recent = RecentRequests()
+        self.split = sticky.SplitTracker()  # client keys' groups (serving.dataplane.sticky)
         self.replica = replica_id()
         self.publisher = Publisher(self.stats, publish_router)
+        self.sample = PromptSampler(self.publisher)  # a drill's sample of the prompts
         # A shared deployment's share of the pool's request slots: at most this many of the
         # tenant's requests are in the pool at once, the rest wait here, in its own router.
         self._pool_gate: asyncio.Semaphore | None = None
@@ -87,7 +96,9 @@ class Router:
             await self.local.reconfigure(dict(config.get("local") or {}))
         self.config = config
         self.publisher.configure(config.get("telemetry") or {})
+        self.sample.configure(config)
         self.groups = dict(config.get("groups") or {})
+        self.split.configure(config)
         self.tiers.configure(config.get("tiers"))
         self.guard = GuardConfig.from_dict(config.get("guard"))
         breaker_config = BreakerConfig.from_dict(config.get("breaker"))
@@ -136,12 +147,12 @@ class Router:
 
     async def __call__(self, request: Request) -> Response:
         """One request, in the router's span (a stream's ends with its last event)."""
+        client_trace = incoming_trace(request.headers)  # traceparent, else B3
         span = tracing.router_span(
-            request.headers.get("traceparent"),
-            {"portal.app": app_name(), "http.request.method": request.method},
+            client_trace[0], {"portal.app": app_name(), "http.request.method": request.method}
         )
         try:
-            response = await self._serve(request, span)
+            response = await self._serve(request, span, client_trace)
         except BaseException:
             tracing.finish(span, 500)
             raise
@@ -152,19 +163,20 @@ class Router:
             tracing.finish(span, status)
         return response
 
-    async def _serve(self, request: Request, span: Any) -> Response:
+    async def _serve(
+        self, request: Request, span: Any, client_trace: tuple[str | None, str]
+    ) -> Response:
         root = request.scope.get("root_path", "")
         path = request.url.path[len(root) :] if request.url.path.startswith(root) else ""
         # With tracing on, the response's traceparent is the router span's: one trace end to end.
-        recorded = tracing.ids(span)
-        client_trace = request.headers.get("traceparent")
-        trace = TraceContext(*recorded) if recorded else continue_trace(client_trace)
+        recorded = tracing.ids(span) if span.is_recording() else None  # else: a span of ours
+        trace = TraceContext(*recorded) if recorded else continue_trace(client_trace[0])
         # Serve's proxy assigns x-request-id and echoes it in the response itself. A client's
         # own id is kept only when short: the version keys sequences by (tenant, id).
         request_id = request.headers.get("x-request-id") or ""
         if not 0 < len(request_id) <= MAX_REQUEST_ID:
             request_id = f"req-{secrets.token_hex(8)}"
-        headers = {"traceparent": trace.header}
+        headers = trace_headers(trace, client_trace[1])
         raw_key = bearer(request.headers.get("authorization"))
         key_ok = key_matches(raw_key, self.config.get("key_hashes", []))
         tenant = self.config.get("tenant")
@@ -196,16 +208,21 @@ class Router:
             sampling = openai.sampling_fields(body)
             check_lengths(0, sampling["max_tokens"], self.guard)
             prompt = openai.prompt_of(kind, body)
+            self.sample.offer(tenant, raw_key, prompt, probe_identity)
             life.to(ROUTING)
-            requested = "stable" if probe_identity else request.headers.get("x-ab-group")
-            group = self.tiers.route(prompt, requested, probe_identity)
+            client = None if probe_identity else self.split.client(request.headers, body)
+            percent = float(self.config.get("canary_percent", 0))
+            requested = self.split.requested(client, percent, request.headers.get("x-ab-group"))
+            group = self.tiers.route(
+                prompt, "stable" if probe_identity else requested, probe_identity
+            )
             breaker, handle = self._breaker(group), self.handles[group][1]
             life.group = group
-            headers["x-ab-group"] = group
-            headers["x-model-version"] = str(self.groups[group].get("version", ""))
+            sticky.version_headers(headers, group, self.config)
             payload = {
                 "request_id": request_id,
                 "tenant": tenant,
+                "priority": key_priority(raw_key, self.config),  # the engine's class
                 "prompt": prompt,
                 "messages": openai.messages_of(body) if kind == "chat" else None,
                 "sampling": sampling,
@@ -223,14 +240,12 @@ class Router:
                     # stable slot answers it (the canary's replicas are gone).
                     if group != "canary" or "stable" not in self.groups:
                         raise Refused(503, "no_version", "the version was retired") from None
-                    group = life.group = headers["x-ab-group"] = "stable"
-                    headers["x-model-version"] = str(self.groups[group].get("version", ""))
+                    group = life.group = "stable"
                     breaker = self._breaker(group)
                     answer, stream = await self._execute(group, payload, sampling["stream"])
                 # Which weights answered (a replica mid-rollout may still hold the old ones).
-                served = answer.get("version") if isinstance(answer, dict) else None
-                if served:
-                    headers["x-model-version"] = str(served)
+                sticky.version_headers(headers, group, self.config, answer)
+                self.split.observe(client, group)
                 if stream is not None:
                     events = sse_events(
                         kind, request_id, model, breaker, answer, stream, life, slot
@@ -329,6 +344,7 @@ class Router:
             "breakers": {n: self._breaker(n).snapshot() for n in self.groups},
             "tier": self.tiers.snapshot(),
             "recent": self.recent.snapshot()[-50:],
+            "split": self.split.snapshot(),
             "config_digest": hashlib.sha256(repr(sorted(self.config)).encode()).hexdigest()[:12],
         }
 

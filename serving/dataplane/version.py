@@ -16,6 +16,8 @@ from serving.dataplane import tracing
 from serving.dataplane.engine_calls import engine_refusal, forget_tenant
 from serving.dataplane.faults import FaultInjector
 from serving.dataplane.guard import GuardConfig, Refused, check_lengths
+from serving.dataplane.keys import request_priority
+from serving.dataplane.kv_checks import KvChecks
 from serving.dataplane.openai import first_stop
 from serving.dataplane.publisher import Publisher, replica_id
 from serving.dataplane.sli import SliRecorder, publish
@@ -52,6 +54,7 @@ class VersionCore(WeightLoading):
         self._departed: set[str] = set()  # tenants taken off this version, blocks to give back
         self.fetched: dict[str, Any] = {}  # how the loaded weights reached this node
         self.standby = Standby()  # the last good weights, in memory (serving.dataplane.standby)
+        self.kv_checks = KvChecks()  # cache lifetime policy and integrity scan
 
     def _published(self) -> dict[str, Any]:
         """Once a second: the SLI window for Redis, after giving back what a departed probe
@@ -67,9 +70,11 @@ class VersionCore(WeightLoading):
         return {
             **metrics,
             "fault_leaked_mb": round(self.chaos.leaked_mb, 1),
+            "faults": self.chaos.report(),  # a drill confirms its fault took effect from it
             "fault_reload": reload,
             "artifact_fetch": self.fetched,
             "standby": self.standby.snapshot(self.reloads),
+            "integrity": self.kv_checks.report(self.engine, self),
         }
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
@@ -105,6 +110,8 @@ class VersionCore(WeightLoading):
                 quotas[probe.identity] = probe.quota_blocks
             shared = config.get("kv_mode") == "shared"
             self.engine.set_quotas(quotas, 0 if shared else None)
+            if hasattr(self.engine, "set_memory_caps"):  # built-in engine; vLLM sizes itself
+                self.engine.set_memory_caps(config.get("gpu_memory_mb") or {}, shared=shared)
             if shared:  # each pool tenant runs at most its share of the batch at once
                 limits = {
                     t: int(v["max_running"]) for t, v in self.tenants.items() if v["max_running"]
@@ -112,6 +119,7 @@ class VersionCore(WeightLoading):
                 self.engine.set_limits(limits, 1)
             else:
                 self.engine.set_limits({}, None)
+            self.kv_checks.configure(self.engine, config)
         self._forget_departed_probes()
 
     def _forget_departed_probes(self) -> None:
@@ -172,7 +180,8 @@ class VersionCore(WeightLoading):
             )
             # Queued before the first event, so a refusal (a request id this tenant already
             # runs, a quota changed meanwhile) is the answer's status, not a broken stream.
-            stream = self._submit(prompt_ids, params, tenant, str(request["request_id"]), salt)
+            request_id, priority = str(request["request_id"]), request_priority(request)
+            stream = self._submit(prompt_ids, params, tenant, request_id, salt, priority=priority)
             submitted = time.time()
             yield {
                 "type": "start",
@@ -273,11 +282,11 @@ class VersionCore(WeightLoading):
             raise refusal from exc
 
     def _submit(
-        self, prompt_ids: list[int], params: Any, tenant: str, request_id: str, salt: bytes
-    ) -> Any:
+        self, prompt_ids: list[int], params: Any, tenant: str, rid: str, salt: bytes, **kw: Any
+    ) -> Any:  # kw: priority (serving.dataplane.keys.request_priority)
         try:
             return self.engine.submit(
-                prompt_ids, params, tenant=tenant, request_id=request_id, cache_salt=salt
+                prompt_ids, params, tenant=tenant, request_id=rid, cache_salt=salt, **kw
             )
         except Exception as exc:
             refusal = engine_refusal(exc)
@@ -295,7 +304,8 @@ class VersionCore(WeightLoading):
                 start = event
             else:
                 end = event
-        return {**end, "text": text, "version": start.get("version"), "pid": start.get("pid")}
+        served = {k: start.get(k) for k in ("version", "fingerprint", "pid")}
+        return {**end, "text": text, **served}
 
     async def _inject_faults(self) -> None:
         """Per-request faults a chaos drill switched on through user_config (delays, then

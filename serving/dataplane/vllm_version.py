@@ -12,7 +12,9 @@ through the compiler) is refused and recorded, the loaded weights keep serving.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -68,6 +70,22 @@ class VllmCore(VersionCore):
         )
         self.fetched = fetched
         logger.info("vLLM loaded %s in %.1f s", path, time.time() - started)
+
+    def _submit(
+        self,
+        prompt_ids: list[int],
+        params: Any,
+        tenant: str,
+        rid: str,
+        salt: bytes,
+        **kw: Any,
+    ) -> Any:
+        """A tenant whose prefix caching is off (its `kv_cache`; in a shared vLLM pool, where
+        vLLM's switch is the whole engine's) gets a salt of its own per request: vLLM then
+        never matches one of its blocks across requests, without restarting anything."""
+        if not self.kv_checks.policy(tenant).prefix_caching:
+            salt = hashlib.sha256(salt + os.urandom(16)).digest()
+        return super()._submit(prompt_ids, params, tenant, rid, salt, **kw)
 
     def _forget_departed_probes(self) -> None:
         """vLLM holds no per-tenant blocks: a departed tenant leaves only its counters."""

@@ -58,12 +58,12 @@ class DeploymentAdmin(ReadOnlyAdmin):
 @admin.register(DeploymentRevision)
 class DeploymentRevisionAdmin(ReadOnlyAdmin):
     list_display = ["deployment", "number", "reason", "applied_at", "converged_at", "serve_status"]
-    exclude = ["key_hashes"]
+    exclude = ["key_hashes", "batch_key_hashes"]
 
 
 @admin.register(InferenceKey)
 class InferenceKeyAdmin(ReadOnlyAdmin):
-    list_display = ["tenant", "deployment", "name", "prefix", "is_probe", "revoked_at"]
+    list_display = ["tenant", "deployment", "name", "prefix", "priority", "is_probe", "revoked_at"]
     exclude = ["key_hash"]
 
 

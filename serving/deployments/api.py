@@ -13,7 +13,13 @@ from rest_framework.response import Response
 from portal.api.validation import validated
 from serving.deployments import selectors, services
 from serving.deployments.capacity import capacity_view
-from serving.deployments.models import Deployment, DeploymentRevision, InferenceKey, KvMode
+from serving.deployments.models import (
+    Deployment,
+    DeploymentRevision,
+    InferenceKey,
+    KeyPriority,
+    KvMode,
+)
 from serving.deployments.spec_checks import SETTING_LIMITS
 from tenants.api.base import TenantScopedViewSet
 from tenants.models import Scope, Tenant
@@ -46,6 +52,15 @@ class SettingsSerializer(serializers.Serializer):
     guard = serializers.DictField(required=False)
     breaker = serializers.DictField(required=False)
     tiers = serializers.JSONField(required=False, help_text="degraded tiers (docs/architecture)")
+    traffic = serializers.JSONField(
+        required=False,
+        help_text='sticky A/B by client key: {"sticky": true, "client_key_header": '
+        '"x-client-key", "user_field": true}',
+    )
+    kv_cache = serializers.JSONField(
+        required=False,
+        help_text='KV cache lifetime: {"prefix_caching": true|false, "max_age_s": seconds}',
+    )
     engine = serializers.JSONField(
         required=False,
         help_text='the stable slot\'s engine: "builtin" or {"name": "vllm", "dtype": ..., '
@@ -96,6 +111,8 @@ class RevisionSerializer(serializers.ModelSerializer):
             "engine",
             "canary_engine",
             "tiers",
+            "traffic",
+            "kv_cache",
             "created_at",
             "applied_at",
             "converged_at",
@@ -184,12 +201,13 @@ class TrafficSerializer(serializers.Serializer):
 class KeySerializer(serializers.ModelSerializer):
     class Meta:
         model = InferenceKey
-        fields = ["id", "name", "prefix", "is_probe", "created_at", "revoked_at"]
+        fields = ["id", "name", "prefix", "priority", "is_probe", "created_at", "revoked_at"]
         read_only_fields = fields
 
 
 class KeyCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=80)
+    priority = serializers.ChoiceField(choices=KeyPriority.values, default=KeyPriority.REALTIME)
 
 
 class KeyCreatedSerializer(KeySerializer):
@@ -342,7 +360,7 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
             return Response(KeySerializer(keys, many=True).data)
         data = validated(KeyCreateSerializer, request.data)
         key, raw = services.inference_key_create(
-            tenant=self.ctx.tenant, actor=self.ctx.actor, deployment=deployment, name=data["name"]
+            tenant=self.ctx.tenant, actor=self.ctx.actor, deployment=deployment, **data
         )
         body = {**KeySerializer(key).data, "key": raw}
         return Response(body, status=status.HTTP_201_CREATED)

@@ -8,7 +8,7 @@ from typing import Any
 from django import forms
 from django.db.models import QuerySet
 
-from serving.deployments.models import DeploymentRevision
+from serving.deployments.models import DeploymentRevision, KeyPriority
 from serving.registry.models import ModelVersion
 
 
@@ -263,3 +263,12 @@ class TrafficForm(forms.Form):
 
 class InferenceKeyForm(forms.Form):
     name = forms.CharField(max_length=80, help_text="Who or what will use it, e.g. 'web-app'.")
+    priority = forms.ChoiceField(
+        choices=KeyPriority.choices,
+        initial=KeyPriority.REALTIME,
+        required=False,  # left out: realtime, as every key was before priority classes
+        help_text="Batch requests wait behind realtime ones (never longer than a bound).",
+    )
+
+    def clean_priority(self) -> str:
+        return str(self.cleaned_data.get("priority") or KeyPriority.REALTIME)

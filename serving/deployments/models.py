@@ -156,9 +156,12 @@ SPEC_FIELDS = (
     "breaker",
     "faults",
     "key_hashes",
+    "batch_key_hashes",
     "engine",
     "canary_engine",
     "tiers",
+    "traffic",
+    "kv_cache",
 )
 
 
@@ -195,12 +198,17 @@ class DeploymentRevision(TenantOwned):
     breaker = models.JSONField(default=dict, blank=True)
     faults = models.JSONField(default=dict, blank=True)
     key_hashes = models.JSONField(default=list, blank=True)  # SHA-256 of the live inference keys
+    batch_key_hashes = models.JSONField(default=list, blank=True)  # those of priority "batch"
     # The stable slot's engine and its knobs (serving.engine.choice); the canary's, while
     # there is one (a canary may change the engine: built-in -> vLLM).
     engine = models.JSONField(default=builtin_engine, blank=True)
     canary_engine = models.JSONField(null=True, blank=True)
     # Degraded tiers and their policy (serving.deployments.services.tiers); {}: none.
     tiers = models.JSONField(default=dict, blank=True)
+    # Sticky A/B by client key (serving.deployments.traffic_specs); {}: the random split.
+    traffic = models.JSONField(default=dict, blank=True)
+    # KV cache lifetime: prefix caching on/off, max age (serving.deployments.kv_specs); {}: on.
+    kv_cache = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -244,6 +252,13 @@ class DeploymentRevision(TenantOwned):
         super().save(*args, **kwargs)
 
 
+class KeyPriority(models.TextChoices):
+    """The engine's priority class of a key's requests (serving.engine.priority)."""
+
+    REALTIME = "realtime", "realtime"
+    BATCH = "batch", "batch"
+
+
 class InferenceKey(TenantOwned):
     """A key clients send to a deployment's route (`Authorization: Bearer ik_...`); only its
     hash is kept, and the router receives only hashes."""
@@ -253,6 +268,9 @@ class InferenceKey(TenantOwned):
     prefix = models.CharField(max_length=12)
     key_hash = models.CharField(max_length=64, unique=True)
     is_probe = models.BooleanField(default=False)  # the health checker's own key
+    priority = models.CharField(
+        max_length=10, choices=KeyPriority.choices, default=KeyPriority.REALTIME
+    )
     created_at = models.DateTimeField(default=timezone.now)
     revoked_at = models.DateTimeField(null=True, blank=True)
 

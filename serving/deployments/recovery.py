@@ -17,7 +17,7 @@ from serving.deployments.models import Deployment
 SLOTS = ("stable", "canary", "distilled", "proxy")
 
 
-def _hash_values(client: Any, key: str) -> list[dict[str, Any]]:
+def hash_values(client: Any, key: str) -> list[dict[str, Any]]:
     out = []
     for raw in client.hgetall(key).values():
         try:
@@ -76,10 +76,10 @@ def deployment_recovery(*, deployment: Deployment) -> dict[str, Any] | None:
         client = redis.Redis.from_url(
             settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5
         )
-        routers = _hash_values(client, f"{prefix}:router:{app}")
+        routers = hash_values(client, f"{prefix}:router:{app}")
         # Every slot's replicas publish under the router's application (serving.control).
         windows = [
-            (slot, w) for slot in SLOTS for w in _hash_values(client, f"{prefix}:sli:{app}:{slot}")
+            (slot, w) for slot in SLOTS for w in hash_values(client, f"{prefix}:sli:{app}:{slot}")
         ]
     except redis.RedisError:
         return None

@@ -37,6 +37,7 @@ from serving.deployments.keys import cache_salt_hex, probe_key_hashes
 from serving.deployments.models import Deployment, DeploymentRevision, KvMode, SharedPool
 from serving.deployments.selectors import pool_share
 from serving.deployments.tier_specs import tier_fields, tier_version_ids
+from serving.deployments.traffic_specs import traffic_fields
 from serving.registry import delivery
 from serving.registry.models import ModelVersion
 from tenants.models import Quota
@@ -63,6 +64,7 @@ def _spec(
     *,
     pool_slots: int = 0,
     pool_access: bool = True,
+    gpu_memory_mb: int | None = None,
 ) -> DeploymentSpec:
     tenant = deployment.tenant
     canary = revision.canary_version
@@ -86,8 +88,10 @@ def _spec(
         kv_blocks=revision.kv_blocks,
         block_size=revision.block_size,
         quota_blocks=None,
+        gpu_memory_mb=gpu_memory_mb,
         cache_salt_hex=cache_salt_hex(tenant.pk),
         key_hashes=(*revision.key_hashes, *probe_key_hashes(deployment.pk)),
+        batch_key_hashes=tuple(revision.batch_key_hashes),
         guard=revision.guard,
         breaker=revision.breaker,
         faults=revision.faults,
@@ -96,6 +100,8 @@ def _spec(
         pool_access=pool_access,
         suspended="" if tenant.is_active else "the platform suspended it",
         **tier_fields(revision, _slot),
+        traffic=traffic_fields(deployment.pk, revision.traffic),
+        kv_cache=dict(revision.kv_cache or {}),
     )
 
 
@@ -140,6 +146,11 @@ def desired_state() -> tuple[list[DeploymentSpec], list[PoolSpec], list[int]]:
             "tenant_id", "max_kv_blocks"
         )
     )
+    caps = dict(  # each tenant's GPU memory cap per replica (MiB), told to its engines
+        Quota.objects.filter(tenant_id__in={d.tenant_id for d in live}).values_list(
+            "tenant_id", "max_gpu_memory_mb_per_replica"
+        )
+    )
     specs: list[DeploymentSpec] = []
     revision_ids: list[int] = []
     pool_tenants: dict[int, dict[str, PoolTenant]] = {pk: {} for pk in pools}
@@ -149,7 +160,8 @@ def desired_state() -> tuple[list[DeploymentSpec], list[PoolSpec], list[int]]:
             continue
         pool = pools.get(revision.pool_id or 0) if revision.kv_mode == KvMode.SHARED else None
         if pool is None:
-            specs.append(_spec(deployment, revision))
+            cap = caps.get(deployment.tenant_id)
+            specs.append(_spec(deployment, revision, gpu_memory_mb=cap))
         else:
             share = pool_share(pool, plan_blocks.get(deployment.tenant_id, 0))
             access = deployment.tenant_id in allowed[pool.pk]
@@ -161,6 +173,8 @@ def desired_state() -> tuple[list[DeploymentSpec], list[PoolSpec], list[int]]:
                     salt=cache_salt_hex(deployment.tenant_id),
                     quota_blocks=share.quota_blocks,
                     max_running=share.max_running,
+                    kv_cache=dict(revision.kv_cache or {}),
+                    gpu_memory_mb=caps.get(deployment.tenant_id),
                 )
         revision_ids.append(revision.pk)
     pool_specs = [

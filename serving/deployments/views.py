@@ -129,6 +129,8 @@ def _spec_changes(
     for name in SPEC_FIELDS:
         if old[name] == new[name]:
             continue
+        if name == "batch_key_hashes":  # changes only with key_hashes: "keys rotated"
+            continue
         if name == "key_hashes":  # never show hashes, not even shortened
             changes.append({"field": "keys", "rotated": True})
         elif name in _RELATED:

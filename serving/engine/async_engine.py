@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from serving.engine.engine import Engine
+from serving.engine.memory import memory_caps
 from serving.engine.model import LlamaModel
+from serving.engine.priority import REALTIME
 from serving.engine.scheduler import DuplicateRequest, SamplingParams, Sequence
 
 Key = tuple[str, str]  # (tenant, request id)
@@ -117,17 +119,23 @@ class AsyncEngine:
         tenant: str,
         request_id: str,
         cache_salt: bytes | None = None,
+        priority: str = REALTIME,
     ) -> Submission:
         """Queue a request now (raises what `Engine.add_request` raises: ValueError,
         EngineFull, DuplicateRequest when the tenant already runs this id); iterate the
-        result for its tokens and `close()` it when done."""
+        result for its tokens and `close()` it when done. `priority`: realtime or batch."""
         key = (tenant, request_id)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         with self._lock:
             if key in self._queues:
                 raise DuplicateRequest(f"request id {request_id!r} is already in flight")
             self.engine.add_request(
-                prompt_ids, params, tenant=tenant, request_id=request_id, cache_salt=cache_salt
+                prompt_ids,
+                params,
+                tenant=tenant,
+                request_id=request_id,
+                cache_salt=cache_salt,
+                priority=priority,
             )
             self._queues[key] = (asyncio.get_running_loop(), queue)
         self._wake.set()
@@ -146,9 +154,15 @@ class AsyncEngine:
         tenant: str,
         request_id: str,
         cache_salt: bytes | None = None,
+        priority: str = REALTIME,
     ) -> AsyncIterator[TokenEvent]:
         submission = self.submit(
-            prompt_ids, params, tenant=tenant, request_id=request_id, cache_salt=cache_salt
+            prompt_ids,
+            params,
+            tenant=tenant,
+            request_id=request_id,
+            cache_salt=cache_salt,
+            priority=priority,
         )
         try:
             async for item in submission:
@@ -168,6 +182,12 @@ class AsyncEngine:
         with self._lock:
             self.engine.pool.quotas = dict(quotas)
             self.engine.pool.default_quota = default_quota
+
+    def set_memory_caps(self, caps_mb: dict[str, int | None], *, shared: bool) -> None:
+        """Each tenant's GPU memory cap per replica (MiB): its KV blocks are held under it at
+        every allocation, its requests refused at admission (serving.engine.memory)."""
+        with self._lock:
+            memory_caps(self.engine, caps_mb, shared=shared)
 
     def drop_tenant(self, tenant: str) -> int:
         """End every live request of `tenant` (each caller gets TenantRemoved) and free its

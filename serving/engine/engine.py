@@ -29,8 +29,10 @@ from typing import Any
 
 import torch
 
-from serving.engine.kv_cache import BlockPool, TenantStats, chain_hashes
+from serving.engine.kv_cache import BlockPool, TenantStats
+from serving.engine.memory import MemoryGuard, allocator_report, engine_shapes
 from serving.engine.model import KVCache, LlamaModel, Segment, build_batch
+from serving.engine.priority import REALTIME, check_priority
 from serving.engine.scheduler import (
     DuplicateRequest,
     EngineFull,
@@ -70,6 +72,10 @@ class Engine(Scheduler):
         )
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens
+        # GPU memory: the admission check and the tenants' caps (serving.engine.memory).
+        self.memory = MemoryGuard(
+            engine_shapes(model), block_size, num_blocks, max_prefill_tokens, model.device
+        )
         self.cache_secret = cache_secret
         self.keep_logits = keep_logits  # tests compare every step against a reference
         self.waiting: deque[Sequence] = deque()
@@ -81,6 +87,8 @@ class Engine(Scheduler):
         self.max_running: dict[str, int] = {}
         self.default_max_running: int | None = None
         self._fair = False
+        self.priority_counts: dict[str, dict[str, int]] = {}  # serving.engine.priority
+        self.promoted_at: dict[str, float] = {}
         self.set_limits(max_running or {}, default_max_running)
 
     # --- requests -------------------------------------------------------------------------
@@ -93,10 +101,13 @@ class Engine(Scheduler):
         request_id: str | None = None,
         salted: bool = True,
         cache_salt: bytes | None = None,
+        priority: str = REALTIME,
     ) -> Sequence:
         """Queue a request. `cache_salt` is the tenant's server-derived prefix-cache salt
-        (default: HMAC of this engine's secret and `tenant`); callers never pass a client's."""
+        (default: HMAC of this engine's secret and `tenant`); callers never pass a client's.
+        `priority`: its key's class, realtime or batch (serving.engine.priority)."""
         params = params or SamplingParams()
+        check_priority(priority)
         self.check_admissible(len(prompt_ids), params.max_tokens, tenant)
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
@@ -115,6 +126,7 @@ class Engine(Scheduler):
             params=params,
             seed=seed,
             model=self.model,
+            priority=priority,
         )
         if params.seed is not None and params.temperature > 0:
             seq.generator = torch.Generator(device=self.model.device).manual_seed(params.seed)
@@ -133,6 +145,8 @@ class Engine(Scheduler):
                 f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds "
                 f"the model's context of {limit}"
             )
+        running = [len(s.tokens) for s in self.running]  # the batch it would join
+        self.memory.check(tenant, prompt_tokens, max_tokens, running)
         need = -(-(prompt_tokens + max_tokens) // self.block_size)
         if need > self.pool.quota(tenant):
             raise EngineFull(
@@ -178,15 +192,14 @@ class Engine(Scheduler):
         full = seq.num_computed // self.block_size
         if full <= seq.num_registered:
             return
-        new = chain_hashes(
+        new = self.pool.register_chain(  # each block with how its hash was made (kv_integrity)
+            seq.block_table,
             seq.seed,
+            seq.model.fingerprint,
             seq.tokens[: full * self.block_size],
-            self.block_size,
             start=seq.num_registered,
             previous=seq.last_hash,
         )
-        for index, block_hash in enumerate(new, start=seq.num_registered):
-            self.pool.register(seq.block_table[index], block_hash)
         seq.num_registered = full
         seq.last_hash = new[-1]
 
@@ -279,7 +292,13 @@ class Engine(Scheduler):
                     "quota": self.pool.quota(tenant),
                 }
             entry.update(running=running, waiting=waiting, max_running=self.tenant_limit(tenant))
-        return {**snapshot, "waiting": len(self.waiting), "running": len(self.running)}
+            entry.update(self.priority_metrics(tenant))
+        return {
+            **snapshot,
+            "waiting": len(self.waiting),
+            "running": len(self.running),
+            "device_memory": allocator_report(self.model.device),  # None off CUDA
+        }
 
 
 __all__ = [

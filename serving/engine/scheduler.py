@@ -5,6 +5,20 @@ The request and sequence dataclasses, the engine's errors, and `Scheduler`, the 
 limits in a shared pool, fewest running first), makes room for decodes by preempting a tenant's
 newest sequence, and frees the blocks of finished ones. `Engine` (serving.engine.engine) runs
 the forward pass over what it schedules.
+
+Priority classes (an inference key's `realtime` or `batch`): realtime sequences are admitted
+before waiting batch ones; when room is needed (a decode block, a tenant's share of the batch,
+an engine slot) batch ones are preempted first, newest first. Per-tenant limits stay hard caps:
+a realtime sequence takes the place of its own tenant's batch one, or another tenant's only
+while that tenant runs more sequences than its own, so marking every key realtime wins a tenant
+nothing beyond its share. Blocks come only from the tenant's own sequences (its quota).
+
+Starvation bound (aging): each tenant's oldest waiting batch sequence is promoted to realtime
+rank once it has waited `batch_max_wait_steps` scheduling steps as the oldest, or
+`batch_max_wait_s` seconds since it arrived and since the tenant's last promotion; a promoted
+sequence keeps its arrival order and is never again preempted for priority. One promoted
+sequence per tenant waits at a time, so under a realtime flood a tenant's batch queue still
+advances one sequence per bound, and realtime work meets at most that one.
 """
 
 from __future__ import annotations
@@ -18,6 +32,7 @@ import torch
 
 from serving.engine.kv_cache import BlockPool, chain_hashes
 from serving.engine.model import LlamaModel
+from serving.engine.priority import BATCH, REALTIME, PriorityRules
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,14 @@ class Sequence:
     generator: torch.Generator | None = None
     admitted_once: bool = False
     logits: list[torch.Tensor] = field(default_factory=list)
+    priority: str = REALTIME  # the key's class: batch waits behind realtime until it ages
+    waited_steps: int = 0  # scheduling steps waited as its tenant's oldest batch sequence
+    aged: bool = False  # batch that waited past the bound: ranks as realtime from then on
+
+    @property
+    def rank(self) -> int:
+        """0: admitted first and preempted last (realtime, or batch that aged); 1: batch."""
+        return 1 if self.priority == BATCH and not self.aged else 0
 
     @property
     def tokens(self) -> list[int]:
@@ -98,7 +121,7 @@ class DuplicateRequest(Exception):
     """The tenant already has a live sequence under this request id."""
 
 
-class Scheduler:
+class Scheduler(PriorityRules):
     """Admission, preemption and fair shares over the block pool; `Engine` sets the state."""
 
     pool: BlockPool
@@ -151,7 +174,8 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def _ensure_decode_block(self, seq: Sequence) -> bool:
-        """Room for one more token; preempts the tenant's newest sequences if it must."""
+        """Room for one more token; preempts the tenant's newest sequences if it must, its
+        batch ones first (a batch sequence never preempts a realtime one: it yields)."""
         if seq.num_computed < len(seq.block_table) * self.block_size:
             return True
         while True:
@@ -159,11 +183,15 @@ class Scheduler:
             if block is not None:
                 seq.block_table.append(block)
                 return True
-            victims = [s for s in self.running if s.tenant == seq.tenant and s is not seq]
+            victims = [
+                s
+                for s in self.running
+                if s.tenant == seq.tenant and s is not seq and s.rank >= seq.rank
+            ]
             if not victims:
                 self._preempt(seq)
                 return False
-            self._preempt(max(victims, key=lambda s: s.arrival))
+            self._preempt(max(victims, key=lambda s: (s.rank, s.arrival)))
 
     def _admit(self, seq: Sequence) -> bool:
         tokens = seq.tokens
@@ -189,53 +217,88 @@ class Scheduler:
             seq.admitted_once = True
         return True
 
+    # --- scheduling -------------------------------------------------------------------------
     def _schedule(self) -> tuple[list[Sequence], list[Sequence]]:
-        for seq in sorted(self.running, key=lambda s: s.arrival):
+        self._age_waiting()
+        for seq in sorted(self.running, key=lambda s: (s.rank, s.arrival)):
             if seq in self.running:  # an earlier one may have preempted it
                 self._ensure_decode_block(seq)
-        decodes = sorted(self.running, key=lambda s: s.arrival)
-        if self._fair:
-            return self._schedule_fair(), decodes
+        prefills = self._schedule_fair() if self._fair else self._schedule_in_order()
+        # After admissions: a realtime admission may have preempted a running batch sequence.
+        return prefills, sorted(self.running, key=lambda s: s.arrival)
+
+    def _schedule_in_order(self) -> list[Sequence]:
+        """One tenant's engine: waiting sequences in arrival order, realtime ones first."""
         prefills: list[Sequence] = []
         budget = self.max_prefill_tokens
         blocked: set[str] = set()
-        for seq in list(self.waiting):
-            if len(self.running) + len(prefills) >= self.max_num_seqs:
-                break
+        running = self._running_counts()
+        for seq in self._by_priority(self.waiting):
             if seq.tenant in blocked:  # keep each tenant's order
                 continue
             if prefills and len(seq.tokens) > budget:
                 break
-            if not self._admit(seq):
+            if len(self.running) + len(prefills) >= self.max_num_seqs:
+                victim = self._room_victim(seq, running, own_only=False)
+                if victim is None:
+                    break
+                self._preempt_for_priority(victim, running)
+            if not self._admit_preempting(seq, running):
                 blocked.add(seq.tenant)
                 continue
             self.waiting.remove(seq)
             prefills.append(seq)
+            running[seq.tenant] = running.get(seq.tenant, 0) + 1
             budget -= len(seq.tokens) - seq.num_computed
-        return prefills, decodes
+        return prefills
 
     def _schedule_fair(self) -> list[Sequence]:
-        """Admissions in a shared pool: each tenant below its limit in turn, fewest running
-        first (ties: served longest ago), each tenant's own sequences in their order."""
+        """Admissions in a shared pool: realtime heads first, then each tenant below its limit
+        in turn, fewest running first (ties: served longest ago), each tenant's own sequences
+        in their order (realtime first). A tenant at its limit admits a realtime sequence only
+        in place of its own batch one."""
         queues: dict[str, deque[Sequence]] = {}
-        for seq in self.waiting:
+        for seq in self._by_priority(self.waiting):
             queues.setdefault(seq.tenant, deque()).append(seq)
-        running: dict[str, int] = {}
-        for seq in self.running:
-            running[seq.tenant] = running.get(seq.tenant, 0) + 1
-        candidates = {t for t in queues if running.get(t, 0) < self.tenant_limit(t)}
+        running = self._running_counts()
+
+        def may_run(tenant: str) -> bool:
+            if running.get(tenant, 0) < self.tenant_limit(tenant):
+                return True
+            return self._room_victim(queues[tenant][0], running, own_only=True) is not None
+
+        candidates = {t for t in queues if may_run(t)}
         prefills: list[Sequence] = []
         budget = self.max_prefill_tokens
-        while candidates and len(self.running) + len(prefills) < self.max_num_seqs:
+        while candidates:
             tenant = min(
                 candidates,
-                key=lambda t: (running.get(t, 0), self._served_turn.get(t, 0), t),
+                key=lambda t: (
+                    queues[t][0].rank,
+                    running.get(t, 0),
+                    self._served_turn.get(t, 0),
+                    t,
+                ),
             )
             seq = queues[tenant][0]
             if prefills and len(seq.tokens) > budget:
                 candidates.discard(tenant)  # waits for a step with room; others may fit
                 continue
-            if not self._admit(seq):
+            if running.get(tenant, 0) >= self.tenant_limit(tenant):
+                victim = self._room_victim(seq, running, own_only=True)
+                if victim is None:
+                    candidates.discard(tenant)
+                    continue
+                self._preempt_for_priority(victim, running)
+            if len(self.running) + len(prefills) >= self.max_num_seqs:
+                victim = self._room_victim(seq, running, own_only=False)
+                if victim is None:
+                    if seq.rank:  # batch heads only from here on: none fits
+                        break
+                    candidates.discard(tenant)
+                    continue
+                self._preempt_for_priority(victim, running)
+            if not self._admit_preempting(seq, running):
                 candidates.discard(tenant)  # keep the tenant's order: its next ones wait
                 continue
             queues[tenant].popleft()
@@ -243,7 +306,7 @@ class Scheduler:
             budget -= len(seq.tokens) - seq.num_computed
             running[tenant] = running.get(tenant, 0) + 1
             self._served_turn[tenant] = next(self._turns)
-            if not queues[tenant] or running[tenant] >= self.tenant_limit(tenant):
+            if not queues[tenant] or not may_run(tenant):
                 candidates.discard(tenant)
         if prefills:
             admitted = set(map(id, prefills))

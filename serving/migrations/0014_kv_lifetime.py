@@ -1,8 +1,14 @@
-# Filled in by the change that needs it (see its models).
-from django.db import migrations
+# KV cache lifetime per deployment revision (serving.deployments.kv_specs).
+from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
     dependencies = [("serving", "0013_key_priority")]
 
-    operations: list[migrations.operations.base.Operation] = []
+    operations = [
+        migrations.AddField(
+            model_name="deploymentrevision",
+            name="kv_cache",
+            field=models.JSONField(blank=True, default=dict),
+        ),
+    ]

@@ -54,6 +54,22 @@ class ReloadFailed:
         return f"reload-failed:{self.slot}:{self.replica[:40]}:{float(self.failure['at']):.3f}"
 
 
+@dataclass(frozen=True)
+class KvIntegrityViolated:
+    """A replica's KV block pool broke an invariant (serving.ops.health.kv_integrity): told
+    once per replica, whatever the number of ticks that see it."""
+
+    deployment: Deployment
+    slot: str
+    replica: str
+    report: dict[str, Any]  # the violating scan: counts by invariant, samples
+    detected_at: datetime
+
+    @property
+    def key(self) -> str:
+        return f"kv-integrity:{self.slot}:{self.replica[:40]}"
+
+
 class OpsListener(Protocol):
     def alerts_fired(self, event: SlotAlerts) -> list[dict[str, Any]]:
         """Record the breaches and act on them (the contract's rollback, pause or notify);
@@ -84,6 +100,10 @@ class OpsListener(Protocol):
 
     def reload_failed(self, event: ReloadFailed) -> bool:
         """Alert on a failed reload unless told of it before; True when alerted now."""
+        ...
+
+    def kv_integrity_violated(self, event: KvIntegrityViolated) -> bool:
+        """Alert on a replica's broken KV pool unless told before; True when alerted now."""
         ...
 
 
@@ -136,3 +156,7 @@ def remediation_progressed(
 
 def reload_failed(event: ReloadFailed) -> bool:
     return any([listener.reload_failed(event) for listener in _listeners])
+
+
+def kv_integrity_violated(event: KvIntegrityViolated) -> bool:
+    return any([listener.kv_integrity_violated(event) for listener in _listeners])

@@ -5,6 +5,7 @@ from django.urls import path
 from serving.ops.views import checks as check_views
 from serving.ops.views import health as ops_views
 from serving.ops.views import rollouts as rollout_views
+from serving.ops.views import traffic as traffic_views
 
 urlpatterns = [
     path(
@@ -66,6 +67,11 @@ urlpatterns = [
         "deployments/<int:pk>/rollbacks/",
         rollout_views.rollbacks_panel,
         name="serving-deployment-rollbacks",
+    ),
+    path(
+        "deployments/<int:pk>/split/",
+        traffic_views.split_panel,
+        name="serving-deployment-split",
     ),
     # A version's golden prompts and checks (ops reads the contract; the registry's URL shape).
     path(

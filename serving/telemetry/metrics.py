@@ -54,6 +54,20 @@ DCGM = (
     ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "power_w", 1),
     ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "sm_clock_mhz", 1),
 )
+# Device-memory fragmentation (serving.telemetry.providers.fragmentation): sample key ->
+# (name, help); `source` says how it was measured (`simulated` for the fake provider).
+FRAGMENTATION = (
+    (
+        "fragmentation",
+        "portal_gpu_memory_fragmentation",
+        "Device-memory fragmentation: 1 - largest free block / total free (0-1).",
+    ),
+    (
+        "mem_largest_free",
+        "portal_gpu_memory_largest_free_mib",
+        "Largest free block of device memory (in MiB).",
+    ),
+)
 DEVICE_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "tenant", "deployment"]
 PROCESS_LABELS = ["gpu", "UUID", "Hostname", "tenant", "deployment", "replica", "simulated"]
 # vLLM metric (counters without `_total`: the exposition adds it) -> (type, help)
@@ -80,6 +94,10 @@ def gpu_families(snapshots: Iterable[Mapping[str, Any]]) -> list[Metric]:
         name: GaugeMetricFamily(name, help_text, labels=[*DEVICE_LABELS, "simulated"])
         for name, help_text, *_ in DCGM
     }
+    memory = {
+        key: GaugeMetricFamily(name, help_text, labels=[*DEVICE_LABELS, "simulated", "source"])
+        for key, name, help_text in FRAGMENTATION
+    }
     processes = GaugeMetricFamily(
         "portal_gpu_process_fb_used_mib",
         "GPU memory of one replica's process (in MiB).",
@@ -102,7 +120,16 @@ def gpu_families(snapshots: Iterable[Mapping[str, Any]]) -> list[Metric]:
                 for name, _, key, scale in DCGM:
                     value = device[key] * scale if device[key] is not None else None
                     devices[name].add_metric([str(v) for v in labels], _number(value))
-    return [*devices.values(), processes]
+                if device.get("fragmentation") is not None:
+                    source = [str(device.get("fragmentation_source") or "")]
+                    memory["fragmentation"].add_metric(
+                        [str(v) for v in labels] + source, float(device["fragmentation"])
+                    )
+                    memory["mem_largest_free"].add_metric(
+                        [str(v) for v in labels] + source,
+                        _number(device.get("mem_largest_free")) / MIB,
+                    )
+    return [*devices.values(), *memory.values(), processes]
 
 
 def engine_values(replica: Mapping[str, Any], tenant_id: int) -> dict[str, float]:

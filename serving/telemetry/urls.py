@@ -11,5 +11,6 @@ urlpatterns = [
         gpu_views.gpu_deployments,
         name="serving-gpus-deployments",
     ),
+    path("gpus/memory/", gpu_views.gpu_memory, name="serving-gpus-memory"),
     path("gpus/history/", gpu_views.gpu_history, name="serving-gpus-history"),
 ]

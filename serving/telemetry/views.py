@@ -21,6 +21,7 @@ from serving.telemetry.models import GpuDeviceSample, GpuProcessSample, GpuResol
 from tenants.models import Tenant
 from tenants.pages import tenant_page
 
+GIB = 1 << 30
 # name -> (seconds back, stored resolution)
 HISTORY_RANGES = {
     "15m": (900, GpuResolution.SECOND),
@@ -86,6 +87,52 @@ def gpu_deployments(request: HttpRequest, tenant: Tenant) -> HttpResponse:
             }
         )
     return render(request, "serving/gpu/_deployments.html", {"rows": rows})
+
+
+def memory_rows(snapshots: list[dict[str, Any]], tenant_id: int) -> list[dict[str, Any]]:
+    """The devices the tenant's replicas are on, newest sample of each (30 s at most): memory,
+    largest free block and fragmentation, each marked simulated where the fake provider
+    made it up."""
+    now = time.time()
+    rows = []
+    for snapshot in snapshots:
+        if now - float(snapshot.get("at") or 0) > 30:
+            continue
+        mine = {
+            p["device_uuid"]
+            for p in snapshot.get("processes", [])
+            if p.get("tenant_id") == tenant_id
+        }
+        for device in snapshot.get("devices", []):
+            if device["uuid"] not in mine or device.get("fragmentation") is None:
+                continue
+            source = device.get("fragmentation_source") or ""
+            rows.append(
+                {
+                    "node": snapshot.get("node"),
+                    "index": device["index"],
+                    "name": device["name"],
+                    "used_gib": device["mem_used"] / GIB,
+                    "total_gib": device["mem_total"] / GIB,
+                    "largest_free_gib": (device.get("mem_largest_free") or 0) / GIB,
+                    "fragmentation": float(device["fragmentation"]),
+                    "source": source,
+                    "simulated": bool(snapshot.get("simulated")) or source == "simulated",
+                }
+            )
+    return sorted(rows, key=lambda r: (str(r["node"]), r["index"]))
+
+
+@require_GET
+@tenant_page()
+def gpu_memory(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    """The dashboard's device-memory panel (htmx, every 2 s): fragmentation per GPU."""
+    try:
+        snapshots = gpu_agent.latest_snapshots()
+    except RedisError:
+        snapshots = []
+    rows = memory_rows(snapshots, tenant.pk)
+    return render(request, "serving/gpu/_memory.html", {"rows": rows})
 
 
 @require_GET

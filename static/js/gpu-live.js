@@ -90,7 +90,10 @@
       c.el.querySelectorAll(".gauge > span")[0].style.width = (100 * d.mem_used / total) + "%";
       c.el.querySelectorAll(".gauge > span")[1].style.width = (100 * (mine[d.uuid] || 0) / total) + "%";
       c.el.querySelector("[data-mem]").textContent =
-        gib(d.mem_used) + " of " + gib(d.mem_total) + " used, yours " + gib(mine[d.uuid] || 0);
+        gib(d.mem_used) + " of " + gib(d.mem_total) + " used, yours " + gib(mine[d.uuid] || 0) +
+        (d.fragmentation == null ? "" : " · largest free block " + gib(d.mem_largest_free || 0) +
+          " · fragmentation " + d.fragmentation.toFixed(3) +
+          (sample.simulated || d.fragmentation_source === "simulated" ? " (simulated)" : ""));
       c.el.querySelector("[data-meta]").textContent =
         sample.node + " · " + d.temperature_c.toFixed(0) + " °C · " + d.power_w.toFixed(0) +
         " W · SM " + d.sm_clock_mhz.toFixed(0) + " MHz" +

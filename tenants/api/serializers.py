@@ -123,6 +123,7 @@ class QuotaSerializer(serializers.ModelSerializer):
             "storage_used_bytes",
             "max_drills",
             "max_concurrent_drill_runs",
+            "max_gpu_memory_mb_per_replica",
             "updated_at",
         ]
         read_only_fields = ["id", "storage_used_bytes", "updated_at"]

@@ -22,6 +22,7 @@ PLAN_QUOTAS: dict[str, dict[str, int]] = {
         "max_storage_bytes": 10 * 2**30,
         "max_drills": 10,
         "max_concurrent_drill_runs": 1,
+        "max_gpu_memory_mb_per_replica": 24576,  # 24 GiB
     },
     Plan.TEAM: {
         "max_deployments": 20,
@@ -32,6 +33,7 @@ PLAN_QUOTAS: dict[str, dict[str, int]] = {
         "max_storage_bytes": 200 * 2**30,
         "max_drills": 50,
         "max_concurrent_drill_runs": 3,
+        "max_gpu_memory_mb_per_replica": 81920,  # one 80 GiB GPU
     },
     Plan.ENTERPRISE: {
         "max_deployments": 200,
@@ -42,6 +44,7 @@ PLAN_QUOTAS: dict[str, dict[str, int]] = {
         "max_storage_bytes": 2 * 2**40,
         "max_drills": 200,
         "max_concurrent_drill_runs": 10,
+        "max_gpu_memory_mb_per_replica": 655360,  # eight 80 GiB GPUs
     },
 }
 QUOTA_FIELDS = tuple(PLAN_QUOTAS[Plan.FREE])

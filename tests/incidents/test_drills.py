@@ -24,6 +24,7 @@ from serving.ops.contracts import contract_set
 from serving.ops.models import Rollback
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
+from tests.incidents.test_drill_detection import ReportingReplica
 from tests.serving.test_ops_loop import FAST_CONTRACT, Replica, _ready, _version, applied  # noqa: F401
 
 pytestmark = pytest.mark.django_db
@@ -99,12 +100,18 @@ def test_a_canary_error_burst_is_detected_rolled_back_and_scored(
         tenant=world_a.tenant, actor=actor, deployment=deployment, version_id=v2.pk, percent=20
     )
     Deployment.objects.filter(pk=deployment.pk).update(status=DeploymentStatus.RUNNING)
-    stable, canary = Replica(deployment, "stable", "s1"), Replica(deployment, "canary", "c1")
+    stable = Replica(deployment, "stable", "s1")
+    canary = ReportingReplica(deployment, "canary", "c1")  # its fault report, as in Ray
     drill = _drill(world_a, deployment)
     t0 = time.time()
 
     def tick(at: float, canary_failed: int = 0) -> None:
         stable.serve(ok=40)
+        canary.report = (
+            {"drill": str(run.pk), "active": ["error_burst"], "effects_drill": str(run.pk),
+             "effects": {"error_burst": canary_failed}}
+            if canary_failed else None
+        )  # fmt: skip
         canary.serve(ok=10 - canary_failed, failed=canary_failed)
         with django_capture_on_commit_callbacks(execute=True):
             health.tick(now=at)
@@ -133,6 +140,7 @@ def test_a_canary_error_burst_is_detected_rolled_back_and_scored(
     drills.run_advance(run.pk, t0 + 2.5)
     run.refresh_from_db()
     assert run.deviated and run.incident == incident and run.detected_at is not None
+    assert run.effect_at is not None and run.detected_by in ("error_ratio", "contract")
     assert run.mitigated_at is not None and run.mttd_s is not None and run.mttr_s is not None
     assert 0 <= run.mttd_s <= run.mttr_s
     # Stable keeps serving well; the duration runs out; the fault left with the rollback.

@@ -207,8 +207,9 @@ def test_a_delivery_whose_task_was_lost_is_swept_and_sent_once(
 
 
 def test_email_and_severity_filter(
-    world_a: TenantWorld, django_capture_on_commit_callbacks: Any
+    world_a: TenantWorld, django_capture_on_commit_callbacks: Any, settings: Any
 ) -> None:
+    settings.PORTAL_BASE_URL = "http://portal.test/"
     actor = Actor(user=world_a.owner)
     services.notification_channel_create(
         tenant=world_a.tenant, actor=actor, kind="email", name="oncall", email="Oncall@Acme.example"
@@ -226,7 +227,9 @@ def test_email_and_severity_filter(
     [message] = mail.outbox
     assert message.to == ["oncall@acme.example"]
     assert f"#{incident.pk}" in message.subject and "[ticket]" in message.subject
-    assert incident.title in message.body and f"/api/v1/incidents/{incident.pk}/" in message.body
+    page = f"http://portal.test/t/{world_a.tenant.slug}/incidents/{incident.pk}/"
+    assert incident.title in message.body and page in message.body  # the page, not the API
+    assert "/api/" not in message.body
     assert NotificationDelivery.objects.get(incident=incident).status == "sent"
 
 

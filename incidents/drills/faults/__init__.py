@@ -23,6 +23,7 @@ from incidents.drills.faults.delay import ControlPlaneDelay
 from incidents.drills.faults.flood import TokenStarvation
 from incidents.drills.faults.kv_probe import KvPollutionProbe, drill_probe_key
 from incidents.drills.faults.reload import WeightSwapJitter
+from incidents.drills.injection import PromptInjection
 from incidents.drills.models import FaultKind
 
 ACTIVE: dict[str, ActiveFault] = {
@@ -30,6 +31,7 @@ ACTIVE: dict[str, ActiveFault] = {
     FaultKind.TOKEN_STARVATION: TokenStarvation(),
     FaultKind.WEIGHT_SWAP_JITTER: WeightSwapJitter(),
     FaultKind.CONTROL_PLANE_DELAY: ControlPlaneDelay(),
+    FaultKind.PROMPT_INJECTION: PromptInjection(),  # incidents.drills.injection
 }
 PASSIVE = ActiveFault()  # the replicas apply the fault alone
 

@@ -81,11 +81,12 @@ def completions_url(deployment: Deployment) -> str:
     return f"{serve}/{deployment.tenant.slug}/{deployment.name}/v1/completions"
 
 
-def fresh_prompt(chars: int) -> str:
-    """A fresh prompt of `chars` ASCII characters: the random nonce comes first, so no two
-    prompts share even their first KV block."""
-    text = f"{secrets.token_hex(16)} "
-    return (text + _FILLER * (chars // len(_FILLER) + 1))[:chars]
+def fresh_prompt(chars: int, filler: str | None = None) -> str:
+    """A fresh prompt of `chars` characters: the random nonce comes first, so no two prompts
+    share even their first KV block; then `filler` (a drill replaying the tenant's recorded
+    prompts, incidents.drills.replay) or the synthetic text, repeated."""
+    text, body = f"{secrets.token_hex(16)} ", filler or _FILLER
+    return (text + body * (chars // len(body) + 1))[:chars]
 
 
 def redis_client() -> Any:
@@ -140,4 +141,17 @@ class ActiveFault:
 
     def failure(self, run: DrillRun) -> str | None:
         """The run's failed verdict from this fault's own measurements, or None."""
+        return None
+
+    def annotate(self, run: DrillRun, verdict: str) -> str:
+        """The run's final verdict, with what this fault measured added where it says more."""
+        return verdict
+
+    def effect(self, run: DrillRun, now: float) -> str | None:
+        """Control side only: evidence that the fault is in effect (incidents.drills.detection
+        reads the replicas' reports for the others), or None."""
+        return None
+
+    def detect(self, run: DrillRun) -> str | None:
+        """What the drill's own probe noticed (the `probe` signal), or None."""
         return None

@@ -133,6 +133,18 @@ class ControlPlaneDelay(ActiveFault):
             state["measured_after"] = True
         store_fault_state(run, state)
 
+    def effect(self, run: DrillRun, now: float) -> str | None:
+        from serving.deployments.chaos import control_delay_key
+
+        held = redis_client().get(control_delay_key())
+        return "the delay key is in force" if held == self._value(run).encode() else None
+
+    def detect(self, run: DrillRun) -> str | None:
+        delay = float(run.snapshot["parameters"]["delay_ms"])
+        calls = fault_state(run).get("api_calls") or []
+        slow = [c["ms"] for c in calls if c.get("when") == "delayed" and c["ms"] >= delay * 0.95]
+        return f"a Serve API call took {slow[0]:.0f} ms" if slow else None
+
     def failure(self, run: DrillRun) -> str | None:
         state = fault_state(run)
         delay = float(run.snapshot["parameters"]["delay_ms"])

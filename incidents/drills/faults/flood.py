@@ -25,6 +25,7 @@ from incidents.drills.faults.base import (
     store_fault_state,
 )
 from incidents.drills.models import ChaosDrill, DrillRun
+from incidents.drills.replay import filler as replay_filler
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +121,7 @@ class TokenStarvation(ActiveFault):
                 max_tokens=int(params["max_tokens"]),
                 seconds=budget,
                 bystanders=targets,
+                filler=replay_filler(run, state),  # the tenant's own prompts, if it opted in
             )
         )
         state["flood"] = _add(state.get("flood") or {}, flood)
@@ -133,6 +135,19 @@ class TokenStarvation(ActiveFault):
     def revert(self, run: DrillRun, now: float) -> str:
         flood = fault_state(run).get("flood") or {}
         return f"flood stopped after {flood.get('sent', 0)} requests"
+
+    def effect(self, run: DrillRun, now: float) -> str | None:
+        flood = fault_state(run).get("flood") or {}
+        reached = int(flood.get("ok", 0)) + int(flood.get("refused_quota", 0))
+        return f"{reached} flood requests reached the engine" if reached else None
+
+    def detect(self, run: DrillRun) -> str | None:
+        """Admission noticed the flood: requests refused for KV quota (429) or for a batch
+        that cannot fit (413)."""
+        flood = fault_state(run).get("flood") or {}
+        statuses = flood.get("statuses") or {}
+        refused = int(flood.get("refused_quota", 0)) + int(statuses.get("413", 0))
+        return f"admission refused {refused} flood requests (429/413)" if refused else None
 
     def failure(self, run: DrillRun) -> str | None:
         state = fault_state(run)
@@ -172,6 +187,7 @@ async def _flood(
     max_tokens: int,
     seconds: float,
     bystanders: list[tuple[str, str]],
+    filler: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """`concurrency` long-context requests in flight for `seconds` (those in flight then are
     waited for), while each bystander gets a one-token probe every BYSTANDER_EVERY_S. Prompt
@@ -196,7 +212,11 @@ async def _flood(
         async def flooder() -> None:
             while time.monotonic() < end:
                 chars = random.randint(max(16, prompt_chars // 4), prompt_chars)  # noqa: S311
-                body = {"prompt": fresh_prompt(chars), "max_tokens": max_tokens, "temperature": 0}
+                body = {
+                    "prompt": fresh_prompt(chars, filler),
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                }
                 flood["sent"] += 1
                 try:
                     answer = await http.post(url, json=body, headers=auth)

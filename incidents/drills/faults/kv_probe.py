@@ -23,6 +23,7 @@ from incidents.drills.faults.base import (
     store_fault_state,
 )
 from incidents.drills.models import ChaosDrill, DrillRun
+from incidents.drills.replay import filler as replay_filler
 from portal.exceptions import ValidationFailed
 
 logger = logging.getLogger(__name__)
@@ -132,12 +133,13 @@ class KvPollutionProbe(ActiveFault):
         url = completions_url(run.deployment)
         tenant_key, identity_key = probe_key(run.deployment_id), drill_probe_key(run.pk)
         refused = dict(state.get("replays_refused") or {})
+        filler = replay_filler(run, state)  # the tenant's own prompts, if it opted in
         deadline = time.monotonic() + REPLAY_STEP_S
         with httpx.Client(timeout=REQUEST_TIMEOUT_S, trust_env=False) as http:
             for _ in range(int(params["replays_per_step"])):
                 if time.monotonic() > deadline:  # a slow data plane: the next step goes on
                     break
-                body = {**PROBE_BODY, "prompt": fresh_prompt(int(params["prompt_chars"]))}
+                body = {**PROBE_BODY, "prompt": fresh_prompt(int(params["prompt_chars"]), filler)}
                 for _ in range(2):
                     http.post(url, json=body, headers={"authorization": f"Bearer {tenant_key}"})
                     state["tenant_requests"] = int(state.get("tenant_requests", 0)) + 1
@@ -179,6 +181,16 @@ class KvPollutionProbe(ActiveFault):
         state = fault_state(run)
         self._read(run, state)
         store_fault_state(run, state)
+
+    def detect(self, run: DrillRun) -> str | None:
+        """The probe is a detector that works: a cross-tenant hit, or replicas where the
+        tenant's own repeats hit while the replays looked (one would have been seen)."""
+        state = fault_state(run)
+        broken = self._broken(run, state)
+        if broken is not None:
+            return broken
+        checked = int(state.get("replicas_checked", 0))
+        return f"{checked} replica(s) checked by the replays" if checked else None
 
     def failure(self, run: DrillRun) -> str | None:
         state = fault_state(run)

@@ -10,7 +10,8 @@ A group's faults (`faults.<stable|canary>` of a revision):
   in delay_ms ± `jitter_ms` (floored at 0; jitter is ignored by the other two), or
   `exponential` with mean delay_ms (capped at 600000 ms);
 * `gpu_memory_leak`: a background task allocates `mb_per_s` up to `max_mb` (default 4096)
-  on the CUDA device (host memory where there is none) and frees it when the fault goes;
+  on the CUDA device and frees it when the fault goes; without a GPU the device memory is
+  simulated (counted, never allocated, reported as simulated);
 * `replica_crash`: selected replicas exit the process `after_s` after `issued_at`;
 * `replica_hang`: selected replicas fail Serve's health check, so Serve replaces them;
 * `kv_pollution_probe` (stable slot only, needs `expires_at`): a drill-only synthetic tenant
@@ -25,6 +26,10 @@ A group's faults (`faults.<stable|canary>` of a revision):
 
 Other drill faults need nothing in the data plane: `token_starvation` is traffic the drill
 sends, `control_plane_delay` a control-side key (serving.control.serve_api).
+
+Each replica publishes `FaultInjector.report()` with its SLI window (`kv.faults`): the drill,
+the active faults, what they did (requests failed or delayed, MB leaked and where), hung or
+about to crash, when the replica started; a drill confirms from it that its fault took effect.
 
 A replica is selected for crash/hang when it started before `issued_at` (its replacement
 never is: no crash loop) and a hash of (drill, replica id) falls within `replica_share`.

@@ -50,6 +50,11 @@ class FaultInjector:
         self._leak_key: tuple[Any, ...] | None = None
         self._crash_task: asyncio.Task[None] | None = None
         self._crash_key: tuple[Any, ...] | None = None
+        # What the faults of the plan's drill did here (requests failed, delayed): the drill
+        # confirms from these that its fault took effect (incidents.drills.detection).
+        # They outlive the fault (a drill stepped late still finds them) until another drill.
+        self.effects: dict[str, int] = {}
+        self.effects_drill: str | None = None
 
     def configure(self, raw: Mapping[str, Any] | None) -> None:
         before = self.plan
@@ -58,6 +63,8 @@ class FaultInjector:
         except FaultSpecError as exc:  # the portal validates: only a hand-made config gets here
             logger.error("faults ignored: %s", exc)
             self.plan, self.error = NO_FAULTS, str(exc)
+        if self.plan.drill and self.plan.drill != self.effects_drill:
+            self.effects, self.effects_drill = {}, self.plan.drill  # another drill: from zero
         if self.plan != before:
             logger.warning(
                 "faults now (drill %r): %s",
@@ -93,14 +100,20 @@ class FaultInjector:
         spike = plan.latency_spike
         if spike is not None and self.rng.random() < spike.share:
             delay_ms += spike.sample_ms(self.rng)
+            self._count("latency_spike")
         return delay_ms / 1000.0
+
+    def _count(self, kind: str) -> None:
+        self.effects[kind] = self.effects.get(kind, 0) + 1
 
     def failure(self) -> Exception | None:
         plan = self.active()
         if plan.error_rate > 0 and self.rng.random() < plan.error_rate:
+            self._count("error_rate")
             return RuntimeError("injected fault: error_rate")
         burst = plan.error_burst
         if burst is not None and burst.share > 0 and self.rng.random() < burst.share:
+            self._count("error_burst")
             return InjectedFault(burst.status, "error_burst", plan.drill)
         return None
 
@@ -218,6 +231,25 @@ class FaultInjector:
         for handler in logging.getLogger().handlers + logger.handlers:
             handler.flush()
         self.exit_process(1)
+
+    def report(self) -> dict[str, Any]:
+        """What the replica publishes with its SLI window (serving.dataplane.version): the
+        drill whose faults are in, which are active, what they did here (requests failed or
+        delayed, MB leaked and on which device: `simulated` without a GPU), whether this
+        replica is hung or about to crash, and when it started (its replacement starts after
+        the drill's `issued_at`)."""
+        plan = self.plan
+        return {
+            "drill": plan.drill or None,
+            "issued_at": plan.issued_at,
+            "active": self.active().kinds,
+            "effects": dict(self.effects),
+            "effects_drill": self.effects_drill,
+            "leak": self.leak.report() if self.leak is not None else None,
+            "hung": self.hung(),
+            "crash_pending": self.crash_pending,
+            "started_at": round(self.started_at, 3),
+        }
 
     def snapshot(self) -> dict[str, Any]:
         plan, now = self.plan, self.clock()

@@ -1,5 +1,8 @@
-"""MemoryLeak: the `gpu_memory_leak` fault's background allocator (CUDA memory where torch sees
-a GPU, else resident host memory), freed when the fault stops or expires."""
+"""MemoryLeak: the `gpu_memory_leak` fault's background allocator, freed when the fault stops or
+expires: CUDA memory where torch sees a GPU; on a replica without one, memory of a *simulated*
+device (counted at the fault's rate, never allocated: a GPU-sized leak such as seed 001's
+512 MB/s for 60 s would exhaust the host), labelled simulated in every report. `host` (resident
+host memory) is there for callers that ask for it by name."""
 
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ _LEAK_CHUNK = 64 * MB  # one allocation: short enough to keep a tick short
 
 class MemoryLeak:
     """Allocates memory at a rate, never freeing it until `stop()` (or the fault expiring):
-    CUDA memory where torch sees a GPU, else host memory written to so it is resident."""
+    CUDA memory where torch sees a GPU, else simulated device memory (only counted); `host`
+    memory written to so it is resident when `device="host"` is asked for."""
 
     def __init__(
         self,
@@ -42,10 +46,24 @@ class MemoryLeak:
         return self.leaked_bytes / MB
 
     @property
+    def simulated(self) -> bool:
+        return self.device == "simulated"
+
+    def report(self) -> dict[str, object]:
+        """What the replica publishes: the leaked MB and where (simulated says so)."""
+        return {
+            "mb": round(self.leaked_mb, 1),
+            "device": self.device,
+            "simulated": self.simulated,
+        }
+
+    @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
     def start(self) -> None:
+        if self.device is None:
+            self.device = _leak_device()
         self._task = asyncio.get_running_loop().create_task(self._run(self.clock()))
 
     def stop(self) -> None:
@@ -75,6 +93,8 @@ class MemoryLeak:
             import torch
 
             return torch.empty(size, dtype=torch.uint8, device="cuda").fill_(0x5A)
+        if self.device == "simulated":
+            return None  # counted only: the simulated device's memory is a number
         import numpy
 
         return numpy.full(size, 0x5A, dtype=numpy.uint8)  # written: really resident
@@ -92,5 +112,5 @@ def _leak_device() -> str:
     try:
         import torch
     except ImportError:
-        return "host"
-    return "cuda" if torch.cuda.is_available() else "host"
+        return "simulated"
+    return "cuda" if torch.cuda.is_available() else "simulated"

@@ -1,5 +1,6 @@
 """Inference keys of a deployment: create (the raw key is shown once) and revoke. Each change
-of a deployment's live keys is a new revision carrying their hashes, so the router follows.
+of a deployment's live keys is a new revision carrying their hashes, and which of them are of
+priority "batch" (serving.engine.priority), so the router follows.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.exceptions import ValidationFailed
-from serving.deployments.models import Deployment, InferenceKey
+from serving.deployments.models import Deployment, InferenceKey, KeyPriority
 from serving.deployments.services.revisions import deployment_change, locked_deployment
 from tenants.actors import Actor
 from tenants.models import Tenant
@@ -26,27 +27,37 @@ def new_inference_key() -> tuple[str, str]:
 
 
 def _keys_changed(tenant: Tenant, actor: Actor, deployment: Deployment, reason: str) -> None:
-    hashes = sorted(
-        InferenceKey.objects.filter(deployment=deployment, revoked_at__isnull=True).values_list(
-            "key_hash", flat=True
-        )
-    )
+    live = InferenceKey.objects.filter(deployment=deployment, revoked_at__isnull=True)
+    keys = sorted(live.values_list("key_hash", "priority"))
     deployment_change(
         tenant=tenant,
         actor=actor,
         deployment=deployment,
-        changes={"key_hashes": hashes},
+        changes={
+            "key_hashes": [h for h, _ in keys],
+            "batch_key_hashes": [h for h, p in keys if p == KeyPriority.BATCH],
+        },
         reason=reason,
         action="deployment.keys_rotated",
     )
 
 
 def inference_key_create(
-    *, tenant: Tenant, actor: Actor, deployment: Deployment, name: str, probe: bool = False
+    *,
+    tenant: Tenant,
+    actor: Actor,
+    deployment: Deployment,
+    name: str,
+    probe: bool = False,
+    priority: str = KeyPriority.REALTIME,
 ) -> tuple[InferenceKey, str]:
+    """A new key (its raw value returned once). `priority`: realtime (the default) or batch,
+    the engine's class for every request made with it."""
     name = (name or "").strip()
     if not name or len(name) > 80:
         raise ValidationFailed("give a name of 1-80 characters.", field="name")
+    if priority not in KeyPriority.values:
+        raise ValidationFailed(f"must be one of {', '.join(KeyPriority.values)}.", field="priority")
     raw, key_hash = new_inference_key()
     with transaction.atomic():
         locked_deployment(tenant=tenant, deployment=deployment)
@@ -57,13 +68,14 @@ def inference_key_create(
             prefix=raw[:12],
             key_hash=key_hash,
             is_probe=probe,
+            priority=priority,
         )
         audit_record(
             tenant=tenant,
             actor=actor,
             action="inference_key.created",
             obj=key,
-            after={"name": name, "prefix": key.prefix},
+            after={"name": name, "prefix": key.prefix, "priority": key.priority},
         )
         _keys_changed(tenant, actor, deployment, f"key {key.prefix} added")
     return key, raw

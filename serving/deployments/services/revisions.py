@@ -65,6 +65,7 @@ def write_revision(
 def snapshot(*, revision: DeploymentRevision) -> dict[str, Any]:
     spec = revision.spec()
     spec.pop("key_hashes", None)  # never in audit rows
+    spec.pop("batch_key_hashes", None)
     return {"revision": revision.number, **spec}
 
 

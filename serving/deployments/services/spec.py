@@ -13,9 +13,12 @@ from django.db.models import QuerySet
 from portal.exceptions import QuotaExceeded, ValidationFailed
 from serving.dataplane import faults as faults_catalogue
 from serving.deployments import replica_limits
+from serving.deployments.kv_specs import clean_kv_cache
 from serving.deployments.models import Deployment, KvMode, SharedPool
+from serving.deployments.replica_memory import check_replica_memory
 from serving.deployments.services.tiers import clean_tiers, tier_usage
 from serving.deployments.spec_checks import checked_map, setting
+from serving.deployments.traffic_specs import clean_traffic
 from serving.engine.choice import (
     BUILTIN,
     VLLM,
@@ -121,6 +124,8 @@ def clean_spec(
     _check_leak_caps(out)
     _check_engine_faults(out)
     out["tiers"] = clean_tiers(tenant=tenant, spec=out)
+    out["traffic"] = clean_traffic(out.get("traffic"))
+    out["kv_cache"] = clean_kv_cache(out)
     return out
 
 
@@ -236,3 +241,4 @@ def check_quota(*, tenant: Tenant, spec: dict[str, Any], replacing: Deployment |
                 f"is {limit} (max_{key}).",
                 field=field,
             )
+    check_replica_memory(quota=quota, spec=spec)  # the GPU memory cap per replica

@@ -5,6 +5,9 @@ KV snapshot shape. The version server (serving.dataplane.version) therefore toke
 the chat template and the stop sequences, counts SLIs and enforces tenants the same way for
 both engines.
 
+Priority classes: vLLM runs its "priority" scheduling policy and each request's key class is
+its `priority`, aged by deadline (serving.engine.priority.vllm_priority).
+
 Isolation: every request carries its tenant's server-derived salt as vLLM's `cache_salt`, so
 vLLM's prefix cache never matches a block across tenants. The salt comes from the replica's
 user_config, never from the client.
@@ -27,6 +30,7 @@ from typing import Any
 
 from serving.engine.async_engine import TokenEvent
 from serving.engine.engine import DuplicateRequest
+from serving.engine.priority import REALTIME, PriorityRules, vllm_priority
 
 GIB = 1 << 30
 
@@ -111,6 +115,7 @@ def engine_args(path: Path, options: dict[str, Any]) -> Any:
         "tensor_parallel_size": int(options.get("tensor_parallel_size") or 1),
         "gpu_memory_utilization": float(options.get("gpu_memory_utilization") or 0.9),
         "disable_log_stats": True,  # our stat logger still gets every step's stats
+        "scheduling_policy": "priority",  # key priority classes (serving.engine.priority)
         "seed": 0,
     }
     if options.get("max_model_len"):
@@ -195,6 +200,7 @@ class VllmEngine:
         self.num_blocks = int(getattr(cache, "num_gpu_blocks", 0) or 0)
         self.tenants: dict[str, TenantCounters] = {}
         self._active: set[str] = set()
+        self.epoch = time.monotonic()  # vLLM priorities count from here
 
     def tenant(self, tenant: str) -> TenantCounters:
         return self.tenants.setdefault(tenant, TenantCounters())
@@ -215,6 +221,7 @@ class VllmEngine:
         tenant: str,
         request_id: str,
         cache_salt: bytes,
+        priority: str = REALTIME,
     ) -> VllmStream:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -232,7 +239,12 @@ class VllmEngine:
         # The tenant's salt, server-derived: vLLM hashes it into the first block's key, so a
         # prefix cached under one salt is never found under another.
         prompt: Any = {"prompt_token_ids": list(prompt_ids), "cache_salt": cache_salt.hex()}
-        outputs = self.llm.generate(prompt, sampling, key)
+        # The key's class as vLLM's priority, aged by deadline (batch yields for at most the
+        # built-in engine's time bound): serving.engine.priority.vllm_priority.
+        rank = vllm_priority(
+            priority, now=time.monotonic(), epoch=self.epoch, bound_s=PriorityRules.batch_max_wait_s
+        )
+        outputs = self.llm.generate(prompt, sampling, key, priority=rank)
         self._active.add(key)
         counters = self.tenant(tenant)
         counters.prefix_queries += len(prompt_ids)

@@ -15,6 +15,7 @@ import secrets
 import time
 from typing import Any
 
+from serving.ops.health.kv_integrity import alert_kv_integrity
 from serving.ops.health.probe import PROBE_BODY, probe, probe_streaks
 from serving.ops.health.slots import tick_slots
 from serving.ops.health.state import (
@@ -77,6 +78,8 @@ def tick(
         return {"skipped": "another tick is running"}
     try:
         report = tick_slots(now, r, keys, serve_url, act, deployment_ids)
+        if act:  # a replica's broken KV pool: an incident, once (serving.ops.health.kv_integrity)
+            report["actions"] += alert_kv_integrity(r, keys, time.time(), deployment_ids)
     finally:
         seconds = time.perf_counter() - started
         if tick_finish(r, keys, token, seconds=seconds, at=time.time()):

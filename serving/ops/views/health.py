@@ -23,6 +23,7 @@ from serving.deployments.models import Deployment
 from serving.ops import contracts, health
 from serving.ops import forms as ops_forms
 from serving.ops import selectors as ops_selectors
+from serving.ops.health.kv_integrity import kv_integrity_item
 from serving.ops.models import Resolution
 from serving.ops.views.health_signals import signals_view
 from serving.slo.counts import pct
@@ -238,6 +239,7 @@ def health_view(deployment: Deployment) -> dict[str, Any]:
         "contract_version": raw.get("contract_version"),
         "revision": raw.get("revision"),
         "slots": slots,
+        "kv_integrity": kv_integrity_item(deployment),  # live from the replicas
     }
 
 

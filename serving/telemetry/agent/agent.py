@@ -36,6 +36,7 @@ from serving.telemetry.providers.base import (
     Provider,
     open_provider,
 )
+from serving.telemetry.providers.fragmentation import enrich_devices
 
 logger = logging.getLogger(__name__)
 
@@ -201,13 +202,15 @@ class GpuAgent:
             # The refresh (ORM reads, NVML's process list) takes time: stamp the devices' read.
             now = time.time() if given is None else now
         devices: list[DeviceSample] = await asyncio.to_thread(self.provider.devices)
+        processes = attribute(self.processes, self.replicas, self.owners)
         snapshot: dict[str, Any] = {
             "at": round(now, 3),
             "node": self.config.node,
             "simulated": self.provider.simulated,
             "provider": self.provider.name,
-            "devices": [d.to_dict() for d in devices],
-            "processes": attribute(self.processes, self.replicas, self.owners),
+            # Fragmentation from NVML's free memory and the replicas' allocator reports.
+            "devices": enrich_devices([d.to_dict() for d in devices], processes, self.replicas),
+            "processes": processes,
         }
         await self.publish(snapshot)
         if self.config.persist:

@@ -18,6 +18,12 @@ class DeviceSample:
     full it is (that is `mem_used / mem_total`). Memory sizes are bytes. `xid_errors` counts the
     XID critical-error events seen since the provider opened; None where the device or driver
     cannot report them.
+
+    `mem_largest_free` and `fragmentation` (1 - largest free block / total free; see
+    serving.telemetry.providers.fragmentation) say how usable the free memory is;
+    `fragmentation_source` how it was measured (`simulated`, `nvml`, `nvml+cuda_allocator`).
+    NVML alone cannot see a process's caching allocator: its provider leaves them None and the
+    agent fills them in from the replicas' allocator reports.
     """
 
     index: int
@@ -32,6 +38,9 @@ class DeviceSample:
     power_w: float
     sm_clock_mhz: float
     xid_errors: int | None
+    mem_largest_free: int | None = None
+    fragmentation: float | None = None
+    fragmentation_source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass
 
 from serving.telemetry.providers.base import DeviceSample, GpuProcess
+from serving.telemetry.providers.fragmentation import SOURCE_SIMULATED, fragmentation
 
 GIB = 1024**3
 SIMULATED_NAME = "Simulated GPU (no NVML)"
@@ -19,6 +20,11 @@ SM_CLOCK_MIN_MHZ, SM_CLOCK_MAX_MHZ = 1000.0, 1980.0
 TEMPERATURE_MIN_C, TEMPERATURE_MAX_C = 25.0, 90.0
 # Utilisation each device drifts towards: busy while something is attached, nearly idle if not.
 BUSY_TARGET, IDLE_TARGET = 65.0, 5.0
+# Fragmentation (1 - largest free block / total free) drifts towards: a caching allocator that
+# serves batches of varying size splits its segments (the seed's 0.63 is a bad case); an idle
+# device's free memory is nearly one block. A change in attached memory (a replica growing or
+# shrinking) splits some more.
+FRAG_BUSY_TARGET, FRAG_IDLE_TARGET, FRAG_MAX = 0.3, 0.03, 0.9
 
 
 def _clamp(value: float, low: float, high: float) -> float:
@@ -30,6 +36,8 @@ class _DeviceState:
     gpu_util: float
     background: float
     temperature_c: float
+    fragmentation: float = 0.0
+    attached: int = 0
 
 
 class SimulatedProvider:
@@ -48,6 +56,8 @@ class SimulatedProvider:
             raise ValueError("a simulated provider needs at least one device")
         # Not security-relevant: the stream only shapes demo metrics.
         self._rng = random.Random(seed)  # noqa: S311
+        # A stream of its own: the other metrics' sequence for a seed stays what it was.
+        self._frag_rng = random.Random(None if seed is None else seed + 7919)  # noqa: S311
         self._lock = threading.Lock()
         self._closed = False
         self._states = [
@@ -113,6 +123,7 @@ class SimulatedProvider:
             SM_CLOCK_MAX_MHZ,
         )
         used = min(MEM_TOTAL, int(state.background) + attached)
+        largest = self._step_fragmentation(state, attached, MEM_TOTAL - used)
         return DeviceSample(
             index=index,
             uuid=f"SIM-GPU-{index}",
@@ -126,7 +137,26 @@ class SimulatedProvider:
             power_w=round(power, 1),
             sm_clock_mhz=float(round(sm_clock)),
             xid_errors=0,
+            mem_largest_free=largest,
+            fragmentation=fragmentation(largest, MEM_TOTAL - used),
+            fragmentation_source=SOURCE_SIMULATED,
         )
+
+    def _step_fragmentation(self, state: _DeviceState, attached: int, free: int) -> int:
+        """One step of the device's fragmentation walk; the largest free block it implies."""
+        rng = self._frag_rng
+        target = FRAG_BUSY_TARGET if attached else FRAG_IDLE_TARGET
+        churn = min(0.2, abs(attached - state.attached) / (8 * GIB))
+        state.attached = attached
+        state.fragmentation = _clamp(
+            state.fragmentation
+            + 0.1 * (target - state.fragmentation)
+            + churn
+            + rng.gauss(0.0, 0.01),
+            0.0,
+            FRAG_MAX,
+        )
+        return int(free * (1.0 - state.fragmentation))
 
     def processes(self) -> list[GpuProcess]:
         with self._lock:

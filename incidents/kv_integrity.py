@@ -6,12 +6,9 @@ the record run under the deployment's row lock."""
 
 from __future__ import annotations
 
-from django.db import transaction
-
 from incidents import services as incidents
 from incidents.drills.selectors import active_run_id
-from incidents.models import BreachKind, SlaBreach
-from serving.deployments.models import Deployment
+from incidents.models import BreachKind
 from serving.ops.events import KvIntegrityViolated
 
 
@@ -20,28 +17,18 @@ def record_kv_violation(event: KvIntegrityViolated) -> bool:
     deployment, report = event.deployment, event.report
     objective = event.key[:120]
     counts = {str(k): int(v) for k, v in (report.get("counts") or {}).items() if v}
-    with transaction.atomic():
-        Deployment.objects.select_for_update().filter(pk=deployment.pk).values("pk").first()
-        if SlaBreach.objects.filter(
-            tenant_id=deployment.tenant_id,
-            deployment=deployment,
-            kind=BreachKind.GAUGE,
-            objective=objective,
-        ).exists():
-            return False
-        broken = ", ".join(f"{kind} ({n})" for kind, n in sorted(counts.items())) or "unknown"
-        incidents.breach_record(
-            tenant=deployment.tenant,
-            deployment=deployment,
-            group="canary" if event.slot == "canary" else "stable",
-            objective=objective,
-            kind=BreachKind.GAUGE,
-            severity="page",
-            action="notify",
-            detail=f"KV cache integrity broken on the {event.slot} slot (replica "
-            f"{event.replica}): {broken}; restart the replica to start from an empty pool",
-            observed={"slot": event.slot, "replica": event.replica, "counts": counts},
-            detected_at=event.detected_at,
-            drill_run_id=active_run_id(deployment.pk),
-        )
-    return True
+    broken = ", ".join(f"{kind} ({n})" for kind, n in sorted(counts.items())) or "unknown"
+    return incidents.breach_record_if_new(
+        tenant=deployment.tenant,
+        deployment=deployment,
+        group="canary" if event.slot == "canary" else "stable",
+        objective=objective,
+        kind=BreachKind.GAUGE,
+        severity="page",
+        action="notify",
+        detail=f"KV cache integrity broken on the {event.slot} slot (replica "
+        f"{event.replica}): {broken}; restart the replica to start from an empty pool",
+        observed={"slot": event.slot, "replica": event.replica, "counts": counts},
+        detected_at=event.detected_at,
+        drill_run_id=active_run_id(deployment.pk),
+    )

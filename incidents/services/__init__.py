@@ -14,7 +14,7 @@ from incidents.notifications.services import (
     notification_channel_update,
 )
 from incidents.rca.services import cause_rule_create, cause_rule_delete, cause_rule_update
-from incidents.services.breach_records import DEDUP_RETRIES, breach_record
+from incidents.services.breach_records import DEDUP_RETRIES, breach_record, breach_record_if_new
 from incidents.services.incidents import (
     AUTOMATION,
     NEXT,
@@ -39,6 +39,7 @@ __all__ = [
     "NEXT",
     "NOTE_MAX_CHARS",
     "breach_record",
+    "breach_record_if_new",
     "cause_rule_create",
     "cause_rule_delete",
     "cause_rule_update",

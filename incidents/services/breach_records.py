@@ -147,6 +147,25 @@ def breach_record(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def breach_record_if_new(
+    *, tenant: Tenant, deployment: Deployment, objective: str, kind: str, **fields: Any
+) -> bool:
+    """`breach_record` unless the deployment ever had a breach of this objective and kind (an
+    alerted one is found again whatever its incident's state); True when recorded now. The
+    check and the record run under the deployment's row lock: ticks running side by side (and
+    a tick beside a manual one) see the same event, and one records it."""
+    with transaction.atomic():
+        Deployment.objects.select_for_update().filter(pk=deployment.pk).values("pk").first()
+        if SlaBreach.objects.filter(
+            tenant_id=tenant.pk, deployment=deployment, kind=kind, objective=objective
+        ).exists():
+            return False
+        breach_record(
+            tenant=tenant, deployment=deployment, objective=objective, kind=kind, **fields
+        )
+    return True
+
+
 def _breach_record_once(
     *,
     tenant: Tenant,

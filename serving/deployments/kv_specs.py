@@ -16,7 +16,7 @@ from typing import Any
 
 from portal.exceptions import ValidationFailed
 from serving.deployments.models import KvMode, SharedPool
-from serving.deployments.spec_checks import number
+from serving.deployments.spec_checks import number, settings_object
 from serving.engine.choice import VLLM, name_of
 
 KV_CACHE_KEYS = ("prefix_caching", "max_age_s")
@@ -26,17 +26,7 @@ MAX_AGE_S = (1, 7 * 86400)  # a second to a week: the seed's 30 s fits, nothing 
 def clean_kv_cache(spec: dict[str, Any], field: str = "kv_cache") -> dict[str, Any]:
     """`spec["kv_cache"]` checked: {"prefix_caching": bool (default true), "max_age_s":
     seconds (default none: blocks live until evicted)}; {} for the defaults."""
-    raw = spec.get(field)
-    if raw in (None, {}):
-        return {}
-    if not isinstance(raw, dict):
-        raise ValidationFailed("must be an object.", field=field)
-    unknown = sorted(str(k)[:40] for k in set(raw) - set(KV_CACHE_KEYS))
-    if unknown:
-        raise ValidationFailed(
-            f"unknown setting {unknown[0]!r} (known: {', '.join(KV_CACHE_KEYS)}).",
-            field=f"{field}.{unknown[0]}",
-        )
+    raw = settings_object(spec.get(field), field, KV_CACHE_KEYS)
     out: dict[str, Any] = {}
     if "prefix_caching" in raw:
         if not isinstance(raw["prefix_caching"], bool):

@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 
 from serving.control.names import BadName
-from serving.deployments.models import Deployment
+from serving.deployments.models import Deployment, DeploymentRevision
 
 SLOTS = ("stable", "canary", "distilled", "proxy")
 
@@ -60,22 +60,36 @@ def _standby(windows: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["group"], str(r["replica"])))
 
 
-def deployment_recovery(*, deployment: Deployment) -> dict[str, Any] | None:
-    """{"tier": ... or None, "standby": [per version replica]}; None when Redis is down."""
-    import redis
-
+def published_app(deployment: Deployment) -> tuple[DeploymentRevision, str] | None:
+    """(current revision, Serve application) of a deployment whose replicas may publish: not
+    deleted, with a revision and an application name; None otherwise."""
     revision = deployment.current_revision
     if revision is None or deployment.deleted_at is not None:
         return None
     try:
-        app = deployment.serve_app
+        return revision, deployment.serve_app
     except BadName:
         return None
+
+
+def redis_client() -> Any:
+    """A client of the portal's Redis that gives up after half a second (pages stay up)."""
+    import redis
+
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
+
+
+def deployment_recovery(*, deployment: Deployment) -> dict[str, Any] | None:
+    """{"tier": ... or None, "standby": [per version replica]}; None when Redis is down."""
+    import redis
+
+    published = published_app(deployment)
+    if published is None:
+        return None
+    revision, app = published
     prefix = settings.SLI_KEY_PREFIX
     try:
-        client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5
-        )
+        client = redis_client()
         routers = hash_values(client, f"{prefix}:router:{app}")
         # Every slot's replicas publish under the router's application (serving.control).
         windows = [

@@ -1,5 +1,6 @@
-"""Pure checks of a deployment's settings: a number within its bounds, and a map of known
-settings (guard, breaker) each within its own bounds. ValidationFailed names the bad field.
+"""Pure checks of a deployment's settings: a number within its bounds, an object of known
+settings (refusing unknown keys), and a map of known settings (guard, breaker) each within its
+own bounds. ValidationFailed names the bad field.
 
 They read and write nothing; the spec cleaning of serving.deployments.services and the API's
 serializers read the one table of setting bounds here (SETTING_LIMITS).
@@ -7,7 +8,7 @@ serializers read the one table of setting bounds here (SETTING_LIMITS).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from portal.exceptions import ValidationFailed
@@ -44,19 +45,25 @@ def number(value: Any, field: str, low: float, high: float, *, integer: bool = F
     return int(value) if integer else float(value)
 
 
-def checked_map(raw: Any, field: str, limits: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
+def settings_object(raw: Any, field: str, known: Sequence[str]) -> dict[str, Any]:
+    """`raw` as an object of settings ({} for none), refusing a key not in `known`: the error
+    names the first unknown key (its first 40 characters) and lists `known` in its order."""
     if raw in (None, {}):
         return {}
     if not isinstance(raw, dict):
         raise ValidationFailed("must be an object.", field=field)
-    unknown = sorted(set(raw) - set(limits))
+    unknown = sorted(str(k)[:40] for k in set(raw) - set(known))
     if unknown:
         raise ValidationFailed(
-            f"unknown setting {unknown[0]!r} (known: {', '.join(sorted(limits))}).",
+            f"unknown setting {unknown[0]!r} (known: {', '.join(known)}).",
             field=f"{field}.{unknown[0]}",
         )
+    return raw
+
+
+def checked_map(raw: Any, field: str, limits: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
     clean: dict[str, Any] = {}
-    for key, value in raw.items():
+    for key, value in settings_object(raw, field, sorted(limits)).items():
         low, high = limits[key]
         # Limits given as ints are whole-number settings; float limits (rates) are not.
         integer = isinstance(low, int) and isinstance(high, int) and key != "failure_rate"

@@ -15,6 +15,7 @@ from django.utils.crypto import salted_hmac
 
 from portal.exceptions import ValidationFailed
 from serving.dataplane.sticky import DEFAULT_HEADER, HEADER_NAME, RESERVED_HEADERS
+from serving.deployments.spec_checks import settings_object
 
 TRAFFIC_KEYS = ("sticky", "client_key_header", "user_field")
 MAX_HEADER_NAME = 64
@@ -23,16 +24,7 @@ MAX_HEADER_NAME = 64
 def clean_traffic(raw: Any, field: str = "traffic") -> dict[str, Any]:
     """`raw` checked: {"sticky": bool, "client_key_header": a header name (default
     x-client-key), "user_field": bool (the body's `user` is a client key, default true)}."""
-    if raw in (None, {}):
-        return {}
-    if not isinstance(raw, dict):
-        raise ValidationFailed("must be an object.", field=field)
-    unknown = sorted(set(raw) - set(TRAFFIC_KEYS))
-    if unknown:
-        raise ValidationFailed(
-            f"unknown setting {str(unknown[0])[:40]!r} (known: {', '.join(TRAFFIC_KEYS)}).",
-            field=f"{field}.{str(unknown[0])[:40]}",
-        )
+    raw = settings_object(raw, field, TRAFFIC_KEYS)
     out: dict[str, Any] = {}
     for name in ("sticky", "user_field"):
         if name in raw:

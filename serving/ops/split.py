@@ -10,9 +10,8 @@ from typing import Any
 
 from django.conf import settings
 
-from serving.control.names import BadName
 from serving.deployments.models import Deployment
-from serving.deployments.recovery import hash_values
+from serving.deployments.recovery import hash_values, published_app, redis_client
 
 SHOWN_CLIENTS = 50
 
@@ -21,10 +20,7 @@ def _routers(app: str) -> list[dict[str, Any]] | None:
     import redis
 
     try:
-        client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5
-        )
-        return hash_values(client, f"{settings.SLI_KEY_PREFIX}:router:{app}")
+        return hash_values(redis_client(), f"{settings.SLI_KEY_PREFIX}:router:{app}")
     except redis.RedisError:
         return None
 
@@ -97,13 +93,10 @@ def summarize(snapshots: Iterable[Mapping[str, Any]], percent: float) -> dict[st
 
 def split_consistency(*, deployment: Deployment) -> dict[str, Any] | None:
     """The panel's numbers for `deployment`'s current split; None when Redis is down."""
-    revision = deployment.current_revision
-    if revision is None or deployment.deleted_at is not None:
+    published = published_app(deployment)
+    if published is None:
         return None
-    try:
-        app = deployment.serve_app
-    except BadName:
-        return None
+    revision, app = published
     routers = _routers(app)
     if routers is None:
         return None

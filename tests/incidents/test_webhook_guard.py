@@ -10,7 +10,6 @@ loopback; the real receivers listen on 127.0.0.1 only.
 
 from __future__ import annotations
 
-import datetime
 import ipaddress
 import logging
 import socket
@@ -35,6 +34,7 @@ from tenants.actors import Actor
 from tenants.models import Tenant
 from tests.conftest import TenantWorld
 from tests.incidents.factories import breach
+from tests.incidents.tls_receiver import tls_contexts
 
 pytestmark = pytest.mark.django_db
 
@@ -495,60 +495,11 @@ def test_a_switched_off_channels_pending_delivery_is_not_sent(
 # --- TLS: the certificate is checked against the URL's host, not the address connected to ----
 
 
-def _tls(tmp_path: Path, name: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """A test CA, a server context with a certificate for `name`, a client trusting the CA."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-
-    def build(subject: str, key: Any, issuer: str, issuer_key: Any, ca: bool) -> x509.Certificate:
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-            .add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
-            )
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
-                critical=False,
-            )
-        )
-        if not ca:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName([x509.DNSName(subject)]), critical=False
-            )
-        return builder.sign(issuer_key, hashes.SHA256())
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_cert = build("portal test CA", ca_key, "portal test CA", ca_key, ca=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = build(name, key, "portal test CA", ca_key, ca=False)
-    pem = serialization.Encoding.PEM
-    (tmp_path / "ca.pem").write_bytes(ca_cert.public_bytes(pem))
-    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(pem))
-    (tmp_path / "key.pem").write_bytes(
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
-    client = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
-    return server, client
-
-
 @pytest.fixture
 def tls_receiver(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> Iterator[Receiver]:
-    server, client = _tls(tmp_path, "hooks.example.net")
+    server, client = tls_contexts(tmp_path, "hooks.example.net")
     monkeypatch.setattr(notify, "_tls_context", lambda: client)  # trusts the test CA only
     settings.WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
     receiver = Receiver(tls=server)

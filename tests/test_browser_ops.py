@@ -297,7 +297,13 @@ def test_a_drill_made_in_the_page_runs_live_to_its_report(
     t0 = time.time()
 
     def tick(at: float, ok: int, failed: int = 0) -> None:  # what the beat's health task does
-        publish_sli(deployment, "stable", ok=ok, failed=failed)
+        # While the fault bites, the replica reports it (a drill confirms it took effect).
+        report = (
+            {"drill": str(run.pk), "active": ["error_burst"], "effects_drill": str(run.pk),
+             "effects": {"error_burst": failed}}
+            if failed else None
+        )  # fmt: skip
+        publish_sli(deployment, "stable", ok=ok, failed=failed, faults=report)
         health.tick(now=at)
 
     _in_another_thread(lambda: tick(t0, ok=40))

@@ -49,6 +49,8 @@ class KvChecks:
         self.forgotten = 0
         self.policies: dict[str, CachePolicy] = {}
         self.default = CachePolicy()
+        # The last pass's report: what stats and the SLI window carry between passes.
+        self.last: dict[str, Any] = {"applies": False, "reason": "not scanned yet"}
 
     def policy(self, tenant: str) -> CachePolicy:
         return self.policies.get(tenant, self.default)
@@ -64,10 +66,13 @@ class KvChecks:
 
     def report(self, engine: Any, core: Any) -> dict[str, Any]:
         """One scan pass (between two steps) and what it found; `core` the VersionCore
-        (its tenants' salts, its departing tenants)."""
+        (its tenants' salts, its departing tenants). Run once a second by the publish only:
+        a stats call reads `last`, so polling a replica never holds its engine lock."""
         inner = _pool_engine(engine)
         if inner is None:
-            return {"applies": False, "reason": "no block pool (vLLM)" if engine else "no engine"}
+            reason = "no block pool (vLLM)" if engine else "no engine"
+            self.last = {"applies": False, "reason": reason}
+            return self.last
         salts = salts_of(core)
         known = set(core._departed) | set(core._probe_identities)
         try:
@@ -81,13 +86,14 @@ class KvChecks:
         self.violations_total += int(result.get("violations", 0))
         if not result.get("ok"):
             self.last_bad = result
-        return {
+        self.last = {
             "applies": True,
             **result,
             "passes": self.passes,
             "violations_total": self.violations_total,
             "last_bad": self.last_bad,
         }
+        return self.last
 
 
 def salts_of(core: Any) -> dict[str, bytes]:

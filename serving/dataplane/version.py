@@ -60,6 +60,7 @@ class VersionCore(WeightLoading):
         """Once a second: the SLI window for Redis, after giving back what a departed probe
         identity left in the KV cache (a fault that expired ends without a reconfigure)."""
         self._forget_departed_probes()
+        self.kv_checks.report(self.engine, self)  # the integrity pass, once a second
         return self.recorder.roll(kv=self._kv_stats(), loaded=self.loaded)
 
     def _kv_stats(self) -> dict[str, Any]:
@@ -74,7 +75,7 @@ class VersionCore(WeightLoading):
             "fault_reload": reload,
             "artifact_fetch": self.fetched,
             "standby": self.standby.snapshot(self.reloads),
-            "integrity": self.kv_checks.report(self.engine, self),
+            "integrity": self.kv_checks.last,
         }
 
     async def reconfigure(self, config: dict[str, Any]) -> None:

@@ -120,7 +120,13 @@ def test_a_shared_pool_replica_bounds_an_all_realtime_tenant(tmp_path: Path) -> 
             most_hostile[0] = max(most_hostile[0], hostile_running())
             await asyncio.sleep(0.002)
         await asyncio.gather(*victims)
-        assert sum(1 for r in finished if r.startswith("h")) <= 4, finished
+        # The victim's realtime request waited for at most a few of the flood. Its batch request
+        # ranks behind every realtime one, the flood's included (priority is across tenants in
+        # a pool): it only has to finish, within the aging bound (checked below).
+        # As in tests/dataplane/test_pool_fairness.py: a few of the flood's answers end early
+        # (greedy on random weights), and the flood's next ones with them.
+        ahead = finished[: finished.index("v-realtime")]
+        assert sum(1 for r in ahead if r.startswith("h")) <= 6, finished
         for task in flood:
             task.cancel()
         await asyncio.gather(*flood, return_exceptions=True)

@@ -75,15 +75,25 @@ def _second_version(world: TenantWorld) -> ModelVersion:
     return version
 
 
-def publish_sli(deployment: Deployment, group: str, ok: int, failed: int = 0) -> None:
-    """One replica's SLI counters, published to the real Redis as the data plane does."""
+def publish_sli(
+    deployment: Deployment,
+    group: str,
+    ok: int,
+    failed: int = 0,
+    faults: dict[str, Any] | None = None,
+) -> None:
+    """One replica's SLI counters, published to the real Redis as the data plane does (with
+    `faults`, the replica's fault report, as a drill's replica sends it)."""
     revision = Deployment.objects.get(pk=deployment.pk).current_revision
     version = revision.canary_version if group == "canary" else revision.stable_version
     label = f"{version.model.name}:{version.label}"  # what a replica with those weights says
     recorder = SliRecorder(f"{deployment.tenant.slug}.{deployment.name}", group, label, "r1")
     for index in range(ok + failed):
         recorder.current.record(latency_s=0.02, ok=index < ok, tokens_out=4)
-    snapshot = recorder.roll(kv={"num_blocks": 64, "free_blocks": 48})
+    kv: dict[str, Any] = {"num_blocks": 64, "free_blocks": 48}
+    if faults is not None:
+        kv["faults"] = faults
+    snapshot = recorder.roll(kv=kv)
 
     async def send() -> None:
         import redis.asyncio as aioredis

@@ -83,8 +83,9 @@ def start_provider(*, redirect_uri: str, data_dir: Path) -> Iterator[Provider]:
     env = {**os.environ, "OP_TEST_KEY": provider.test_key, "PYTHONPATH": str(ROOT)}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     command = [sys.executable, "-m", "tests.support.oidc_provider.serve", "--port", str(port)]
-    command += ["--data-dir", str(data_dir), "--client-id", provider.client_id]
-    command += ["--client-secret", provider.client_secret, "--redirect-uri", redirect_uri]
+    # `--name=value`: a random secret may start with "-", which argparse would take for an option.
+    command += [f"--data-dir={data_dir}", f"--client-id={provider.client_id}"]
+    command += [f"--client-secret={provider.client_secret}", f"--redirect-uri={redirect_uri}"]
     with provider.log.open("wb") as log:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
     try:

@@ -8,7 +8,8 @@ router appends each prompt of its own tenant's clients (never the portal's probe
 traffic, never a drill's synthetic identity) to `<prefix>:prompt-sample:data:<tenant>:<run>`,
 where `<tenant>` is the router's own, from its config: a router can write no other tenant's
 sample. Bounded in count, bytes per prompt (cut at a character boundary) and total bytes, by
-one atomic script; the portal deletes both keys when the run ends, the TTL if it never does.
+one atomic script that appends only while the arm record is still the run's; the portal deletes
+both keys when the run ends (arm record first), the TTL if it never does.
 Recording never delays or fails a request: it runs in its own task and gives up on any error.
 """
 
@@ -32,8 +33,17 @@ MAX_TOTAL_BYTES = 128 * 1024
 ARM_CHECK_S = 1.0  # how stale the router's view of the arm record may be
 MAX_PENDING = 16  # recordings in flight at once; more are dropped, never queued
 
-# KEYS: the sample list, its byte counter. ARGV: prompt, max count, max total bytes, TTL (ms).
+# KEYS: the sample list, its byte counter, the arm record. ARGV: prompt, max count, max total
+# bytes, TTL (ms), run. Appends only while the arm record is still this run's: once the portal
+# deletes it (the run ended), a router whose cached view is a second stale cannot bring the
+# sample back.
 APPEND = """
+local arm = redis.call('GET', KEYS[3])
+if not arm then return 0 end
+local ok, record = pcall(cjson.decode, arm)
+if not ok or type(record) ~= 'table' or tonumber(record['run']) ~= tonumber(ARGV[5]) then
+  return 0
+end
 if redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
 local used = tonumber(redis.call('GET', KEYS[2]) or '0')
 if used + string.len(ARGV[1]) > tonumber(ARGV[3]) then return 0 end
@@ -149,13 +159,15 @@ class PromptSampler:
             run = arm["run"]
             await (await self._client()).eval(
                 APPEND,
-                2,
+                3,
                 sample_key(self.prefix, self.tenant, run),
                 bytes_key(self.prefix, self.tenant, run),
+                arm_key(self.prefix, self.tenant, self.deployment),
                 clip(prompt, per_prompt),
                 count,
                 total,
                 ttl_ms,
+                run,
             )
         except Exception as exc:  # the sample is a drill's nicety: never the request's problem
             logger.warning("prompt sample not recorded: %s", exc)

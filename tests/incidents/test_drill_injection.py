@@ -416,9 +416,18 @@ def test_the_router_records_nothing_unless_armed_and_only_within_bounds() -> Non
         sampler.offer(8, "ik_client", "another tenant's identity", None)  # not its tenant
         sampler.offer(7, "ik_client", "a drill identity", "drill-probe:3")
         assert not sampler._pending  # nothing even tried
+        kept = [v.decode() for v in client.lrange(sample_key(prefix, 7, 41), 0, -1)]
+        # 10 bytes each at most, never half a character; 25 bytes in all; 3 prompts at most.
+        assert kept == ["ééééé", "second pro", "x"], kept
+        assert 0 < client.pttl(sample_key(prefix, 7, 41)) <= 60_000
+        # The run ends: the portal deletes the arm record, then the sample. The router's view
+        # is still armed (checked less than a second ago), yet nothing brings the sample back.
+        client.delete(arm_key(prefix, 7, "bot"), sample_key(prefix, 7, 41))
+        await _offer_all(sampler, ["late"])
+        assert not client.exists(sample_key(prefix, 7, 41))
+        # Nor when the arm record is another run's by now.
+        client.set(arm_key(prefix, 7, "bot"), json.dumps({**record, "run": 42}))
+        await _offer_all(sampler, ["late"])
+        assert not client.exists(sample_key(prefix, 7, 41), sample_key(prefix, 7, 42))
 
     asyncio.run(scenario())
-    kept = [v.decode() for v in client.lrange(sample_key(prefix, 7, 41), 0, -1)]
-    # 10 bytes each at most, never half a character; 25 bytes in all; 3 prompts at most.
-    assert kept == ["ééééé", "second pro", "x"], kept
-    assert 0 < client.pttl(sample_key(prefix, 7, 41)) <= 60_000

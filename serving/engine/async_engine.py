@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,44 @@ from serving.engine.priority import REALTIME
 from serving.engine.scheduler import DuplicateRequest, SamplingParams, Sequence
 
 Key = tuple[str, str]  # (tenant, request id)
+CALLER_WAIT_S = 0.05  # the longest a step waits for callers to have their turn
+
+
+class CallerFirstLock:
+    """The engine's lock: a caller (the replica's event loop submitting, reading metrics,
+    changing limits) goes before the next step. A plain Lock is not fair: the step thread,
+    releasing it and taking it again at once, kept a caller, and with it the replica's whole
+    event loop, waiting until the engine ran dry (every answer of a flood, a realtime one sent
+    seconds later included, came back together). Steps wait at most CALLER_WAIT_S for callers,
+    so a stream of them cannot stall the engine either. `with lock:` is a caller's turn."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._turns = threading.Condition(threading.Lock())
+
+    def __enter__(self) -> CallerFirstLock:
+        with self._turns:
+            self._waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._turns:
+                self._waiting -= 1
+                if not self._waiting:
+                    self._turns.notify_all()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    @contextmanager
+    def step_turn(self) -> Iterator[None]:
+        """The step thread's turn: after every waiting caller's (bounded), then the lock."""
+        with self._turns:
+            self._turns.wait_for(lambda: self._waiting == 0, timeout=CALLER_WAIT_S)
+        with self._lock:
+            yield
 
 
 @dataclass(frozen=True)
@@ -74,7 +113,7 @@ class Submission:
 class AsyncEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._lock = threading.Lock()
+        self._lock = CallerFirstLock()
         self._wake = threading.Event()
         self._queues: dict[Key, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
         self._stopped = False
@@ -89,7 +128,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         while not self._stopped:
-            with self._lock:
+            with self._lock.step_turn():
                 busy = self.engine.has_work()
                 if busy:
                     try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -160,3 +162,48 @@ def test_a_submission_closed_before_it_is_read_frees_its_sequence(
         assert engine.engine.sequences == {}
     finally:
         engine.stop()
+
+
+def test_a_caller_waits_at_most_the_step_in_progress(tiny_model: LlamaModel) -> None:
+    """Submitting or reading metrics (the replica's event loop) takes the engine lock between
+    two steps: it waits for the step in progress only, never for the engine to run dry. With a
+    plain lock the stepping thread took it back at once, and the replica's event loop (every
+    answer, a realtime request's too) waited for the whole flood."""
+    inner = Engine(tiny_model, num_blocks=256)
+    steps = 0
+    step = inner.step
+
+    def counted() -> Any:
+        nonlocal steps
+        steps += 1
+        spin_until = time.perf_counter() + 0.002
+        while time.perf_counter() < spin_until:
+            pass  # a step that holds the interpreter, as a loaded replica's do
+        return step()
+
+    inner.step = counted  # type: ignore[method-assign]
+    engine = AsyncEngine(inner)
+    long = SamplingParams(max_tokens=400, ignore_eos=True)
+
+    async def main() -> list[int]:
+        flood = [engine.submit([5, 6, 7, 8] * 4, long, tenant="t", request_id=f"f{i}")
+                 for i in range(8)]  # fmt: skip
+        while steps < 5:
+            await asyncio.sleep(0.001)
+        waited = []
+        for _ in range(20):
+            before = steps
+            assert engine.metrics()["running"] == 8
+            waited.append(steps - before)
+            await asyncio.sleep(0)
+        for submission in flood:
+            async for _ in submission:
+                pass
+        return waited
+
+    try:
+        waited = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert max(waited) <= 1, waited  # the step in progress, then the caller's turn
+    assert engine.metrics()["running"] == 0  # and the callers never stalled the steps

@@ -80,6 +80,17 @@ def incident_hints(*, tenant: Tenant, incident: Incident) -> tuple[Signals, list
     return signals, rank_hints(signals, rules)
 
 
+def open_incidents(*, tenant: Tenant) -> QuerySet[Incident]:
+    """The tenant's open (triggered or acknowledged) incidents, newest first."""
+    return (
+        Incident.objects.filter(
+            tenant=tenant, status__in=[IncidentStatus.TRIGGERED, IncidentStatus.ACKNOWLEDGED]
+        )
+        .select_related("deployment")
+        .order_by("-triggered_at", "-id")
+    )
+
+
 def open_counts_by_deployment(tenant: Tenant) -> dict[int, int]:
     """Open (triggered or acknowledged) incidents per deployment of `tenant`."""
     counts: dict[int, int] = {}

@@ -3,7 +3,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from portal import health_urls, status_views
+from portal import glance, health_urls, status_views
 from serving.registry import views as registry_views
 from serving.telemetry import metrics as metrics_views
 from tenants.views import ThrottledLoginView
@@ -39,6 +39,9 @@ urlpatterns = [
         registry_views.artifact_download,
         name="artifact-download",
     ),
+    # The tenant's home (composition: it reads serving and incidents).
+    path("t/<slug:slug>/", glance.tenant_overview, name="tenant-overview"),
+    path("t/<slug:slug>/overview/live/", glance.tenant_overview_live, name="tenant-overview-live"),
     path("", include("tenants.urls")),
     path("", include("serving.urls")),
     path("", include("incidents.urls")),

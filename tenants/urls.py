@@ -12,7 +12,6 @@ urlpatterns = [
     path("tenants/new/", views.tenant_new, name="tenant-new"),
     path("switch/", views.switch_tenant, name="tenant-switch"),
     path("invite/<str:token>/", views.invitation_accept, name="invitation-accept"),
-    path("t/<slug:slug>/", views.tenant_overview, name="tenant-overview"),
     path("t/<slug:slug>/settings/", views.tenant_settings, name="tenant-settings"),
     path("t/<slug:slug>/members/", views.members, name="tenant-members"),
     path("t/<slug:slug>/members/<int:pk>/role/", views.member_role, name="member-role"),

@@ -134,17 +134,6 @@ def tenant_new(request: HttpRequest) -> HttpResponse:
 
 
 @tenant_page()
-def tenant_overview(request: HttpRequest, tenant: Tenant) -> HttpResponse:
-    context = {
-        "quota": selectors.quota_get(tenant=tenant),
-        "storage_used_bytes": usage.storage_used_bytes(tenant),
-        "member_count": selectors.membership_list(tenant=tenant).count(),
-        "recent_events": selectors.audit_event_list(tenant=tenant).order_by("-id")[:10],
-    }
-    return render(request, "tenants/overview.html", context)
-
-
-@tenant_page()
 def tenant_settings(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     form = forms.TenantSettingsForm(request.POST or None, initial={"name": tenant.name})
     if request.method == "POST":

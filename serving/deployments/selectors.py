@@ -109,3 +109,18 @@ def deployment_pool_share(*, tenant: Tenant, deployment: Deployment) -> dict[str
         "waiting": used("waiting"),
         "replicas_reporting": None if entries is None else len(entries),
     }
+
+
+def quota_use(*, deployments: list[Deployment]) -> dict[str, float]:
+    """Replicas, GPUs and KV blocks the tenant's live `deployments` (their current revisions,
+    as deployment_list loads them) hold against its quota: what check_quota adds up."""
+    from serving.deployments.services.spec import spec_usage
+
+    total = {"replicas": 0.0, "gpus": 0.0, "kv_blocks": 0.0}
+    for deployment in deployments:
+        revision = deployment.current_revision
+        if revision is None or deployment.deleted_at is not None:
+            continue
+        for key, value in spec_usage(spec=revision.spec()).items():
+            total[key] += value
+    return total

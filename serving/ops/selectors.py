@@ -10,8 +10,13 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from serving.ops import health
+from serving.ops.health.state import health_keys, health_redis, loads
 from serving.ops.models import Resolution, Rollback, Rollout, RolloutPolicy, SliSample
 from serving.ops.sli_store import as_datetime
+from serving.slo.counts import Counts
+
+# A row's own counts (serving.slo.Counts' names), beside its cumulative totals.
+_DELTAS = ("requests", "errors", "rejected", "tokens_in", "tokens_out", "latency", "ttft", "itl")
 
 if TYPE_CHECKING:
     from serving.deployments.models import Deployment
@@ -21,6 +26,44 @@ if TYPE_CHECKING:
 def deployment_health(deployment_id: int) -> dict[str, Any]:
     """What the last tick found for one deployment ({} before the first)."""
     return health.deployment_health(deployment_id)
+
+
+def deployments_health(deployment_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """What the last tick found for each of `deployment_ids`, in one Redis read (the home
+    page's rows); a deployment not checked yet is missing."""
+    if not deployment_ids:
+        return {}
+    raw = health_redis().hmget(health_keys()["deployments"], [str(i) for i in deployment_ids])
+    found = {i: loads(value) for i, value in zip(deployment_ids, raw, strict=True)}
+    return {i: value for i, value in found.items() if value}
+
+
+def recent_counts(*, tenant: Tenant, seconds: float) -> dict[tuple[int, str], Counts]:
+    """Each slot's counts over about the last `seconds`, from two indexed queries whatever the
+    number of rows: the newest raw row's cumulative totals minus those of the oldest row in the
+    window, plus that oldest row's own deltas; `seconds` spans the oldest row's start to the
+    newest one's end (one row: its own deltas)."""
+    since = timezone.now() - timedelta(seconds=seconds)
+    rows = SliSample.objects.filter(tenant=tenant, resolution=Resolution.RAW, end__gte=since)
+    fields = ("deployment_id", "group", "start", "end", "cumulative", *_DELTAS)
+
+    def ends(order: str) -> dict[tuple[int, str], dict[str, Any]]:
+        found = rows.order_by("deployment_id", "group", order).distinct("deployment_id", "group")
+        return {(r["deployment_id"], r["group"]): r for r in found.values(*fields)}
+
+    newest, oldest = ends("-end"), ends("end")
+    counts: dict[tuple[int, str], Counts] = {}
+    for slot, last in newest.items():
+        first = oldest.get(slot, last)
+        window = Counts.from_dict(last["cumulative"] or {}) - Counts.from_dict(
+            first["cumulative"] or {}
+        )
+        # A row stored without a histogram (an empty list) counts as zeros.
+        own = {name: first[name] for name in _DELTAS if first[name] not in (None, [])}
+        window = window + Counts.from_dict(own)
+        window.seconds = max(0.0, (last["end"] - first["start"]).total_seconds())
+        counts[slot] = window
+    return counts
 
 
 def raw_sli_rows(

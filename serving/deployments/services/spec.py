@@ -201,7 +201,9 @@ def live_deployments(*, tenant: Tenant) -> QuerySet[Deployment]:
     return Deployment.objects.filter(tenant=tenant, deleted_at__isnull=True)
 
 
-def _usage(spec: dict[str, Any]) -> dict[str, float]:
+def spec_usage(*, spec: dict[str, Any]) -> dict[str, float]:
+    """What a revision spec holds against the quota: replicas, GPUs and KV blocks at its
+    largest (autoscaling: max_replicas), every slot counted (canary, tiers)."""
     slots = (2 if spec.get("canary_version_id") else 1) + tier_usage(spec=spec)
     if spec["kv_mode"] == KvMode.SHARED:
         return {"replicas": 0, "gpus": 0, "kv_blocks": 0}
@@ -223,10 +225,10 @@ def check_quota(*, tenant: Tenant, spec: dict[str, Any], replacing: Deployment |
             f"the tenant may run {quota.max_deployments} deployments and has {others.count()}.",
             field="max_deployments",
         )
-    total = _usage(spec)
+    total = spec_usage(spec=spec)
     for other in others:
         if other.current_revision is not None:
-            for key, value in _usage(other.current_revision.spec()).items():
+            for key, value in spec_usage(spec=other.current_revision.spec()).items():
                 total[key] += value
     limits = {
         "replicas": quota.max_replicas,

@@ -318,13 +318,18 @@ def test_a_drill_made_in_the_page_runs_live_to_its_report(
     form.locator('[name="deployment"]').select_option(str(deployment.pk))
     form.locator('[name="fault"]').select_option("error_burst")
     form.locator('[name="group"]').select_option("stable")
-    form.locator('[name="parameters"]').fill('{"status": 503}')
+    # Only the chosen fault's parameters show, as fields with their range and default.
+    expect(form.locator('[data-fault="latency_spike"]')).to_be_hidden()
+    status_field = form.get_by_label("status")
+    expect(status_field).to_have_value("503")
+    expect(status_field).to_have_attribute("max", "599")
+    status_field.fill("503")
     form.locator('[name="traffic_share"]').fill("0.5")
     form.locator('[name="duration_s"]').fill("10")
-    form.locator('[name="steady_state"]').fill(
-        '{"contract": false, "probes": [{"sli": "error_rate", "max": 0.05}]}'
-    )
-    form.locator('[name="abort_conditions"]').fill("{}")
+    form.get_by_label("The deployment's contract must hold").uncheck()
+    form.locator('[name="probe_0_sli"]').select_option("error_rate")
+    form.locator('[name="probe_0_bound"]').fill("0.05")
+    form.locator('[name="abort_error_rate_above"]').fill("")
     form.locator('[name="schedule"]').fill("30 3 * * 1")
     form.get_by_role("button", name="Create drill").click()
     expect(page.get_by_test_id("drill-heading")).to_have_text("stable errors")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
@@ -16,13 +15,11 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from incidents import drills
+from incidents.drills.forms import DrillForm
 from incidents.drills.models import (
     ACTIVE_STATUSES,
     ChaosDrill,
     DrillRun,
-    DrillSlot,
-    FaultKind,
-    RevertStrategy,
 )
 from portal.exceptions import PortalError
 from serving.deployments import selectors as deployment_selectors
@@ -32,50 +29,6 @@ from tenants.pages import can_deploy, tenant_page
 from tenants.scoping import get_for_tenant
 
 JSON_FIELDS = ("parameters", "steady_state", "abort_conditions")
-
-
-class DrillForm(forms.Form):
-    name = forms.CharField(max_length=100)
-    deployment = forms.TypedChoiceField(coerce=int)
-    fault = forms.ChoiceField(choices=FaultKind.choices)
-    group = forms.ChoiceField(choices=DrillSlot.choices)
-    parameters = forms.CharField(
-        required=False,
-        initial="{}",
-        widget=forms.Textarea(attrs={"rows": 2}),
-        help_text='JSON, e.g. {"delay_ms": 800} for a latency spike; see the catalogue',
-    )
-    traffic_share = forms.FloatField(initial=0.3, min_value=0.01, max_value=1)
-    replica_share = forms.FloatField(initial=1.0, min_value=0.01, max_value=1)
-    duration_s = forms.IntegerField(initial=60, min_value=5, max_value=3600)
-    steady_state = forms.CharField(
-        required=False,
-        widget=forms.Textarea(attrs={"rows": 3}),
-        initial='{"contract": true, "probes": [{"sli": "error_rate", "max": 0.05}]}',
-    )
-    abort_conditions = forms.CharField(
-        required=False,
-        initial='{"error_rate_above": 0.5}',
-        widget=forms.Textarea(attrs={"rows": 1}),
-    )
-    schedule = forms.CharField(required=False, help_text="cron, UTC, e.g. 30 3 * * 1")
-    revert = forms.ChoiceField(choices=RevertStrategy.choices)
-    replay_prompts = forms.BooleanField(
-        required=False,
-        help_text="kv_pollution_probe, token_starvation: build the drill's prompts from a "
-        "sample of your recent prompts (kept for the run only)",
-    )
-    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        for name in JSON_FIELDS:
-            raw = data.get(name) or "{}"
-            try:
-                data[name] = json.loads(raw)
-            except ValueError as exc:
-                self.add_error(name, f"not valid JSON: {exc}")
-        return data
 
 
 def _require_deploy(request: HttpRequest) -> None:
@@ -144,14 +97,12 @@ def drill_new(request: HttpRequest, tenant: Tenant) -> HttpResponse:
                 tenant=tenant, actor=Actor(user=request.user), deployment=deployment, **data
             )
         except PortalError as exc:
-            field = (exc.field or "").split(".")[0].split("[")[0]
-            form.add_error(field if field in form.fields else None, _message(exc))
+            field = form.field_of(exc.field or "")
+            form.add_error(field, exc.message if field else _message(exc))
         else:
             messages.success(request, f"Drill {drill.name} created.")
             return redirect("drill-detail", slug=tenant.slug, pk=drill.pk)
-    return render(
-        request, "incidents/drills/new.html", {"form": form, "catalogue": drills.catalogue()}
-    )
+    return render(request, "incidents/drills/new.html", {"form": form})
 
 
 def _message(exc: PortalError) -> str:

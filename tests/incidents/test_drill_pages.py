@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from incidents import drills
 from incidents.drills.models import ChaosDrill, DrillRun, DrillStatus
 from tests.conftest import TenantWorld
 from tests.incidents.factories import deployment_of, drill_for_world
@@ -22,10 +23,12 @@ def _client(user: object) -> Client:
 def _form(world: TenantWorld, **extra: str) -> dict[str, str]:
     return {
         "name": "slow canary", "deployment": str(deployment_of(world).pk),
-        "fault": "latency_spike", "group": "stable", "parameters": '{"delay_ms": 800}',
+        "fault": "latency_spike", "group": "stable", "p_latency_spike_delay_ms": "800",
+        "p_latency_spike_distribution": "fixed", "p_error_burst_status": "503",
         "traffic_share": "0.5", "replica_share": "1", "duration_s": "30",
-        "steady_state": '{"probes": [{"sli": "latency_p95_ms", "max": 500}]}',
-        "abort_conditions": "{}", "schedule": "", "revert": "always", "description": "", **extra,
+        "probe_0_sli": "latency_p95_ms", "probe_0_bound": "500",
+        "abort_error_rate_above": "", "schedule": "", "revert": "always", "description": "",
+        **extra,
     }  # fmt: skip
 
 
@@ -37,7 +40,20 @@ def test_the_catalogue_and_a_drill_made_in_the_form(world_a: TenantWorld) -> Non
     response = client.post(f"/t/{slug}/drills/new/", _form(world_a))
     drill = ChaosDrill.objects.get(tenant=world_a.tenant)
     assert response.status_code == 302 and response["Location"].endswith(f"/drills/{drill.pk}/")
+    # The chosen fault's fields only (the error burst's status was ignored); defaults filled.
     assert drill.parameters == {"delay_ms": 800, "jitter_ms": 0, "distribution": "fixed"}
+    assert drill.steady_state == {
+        "contract": False,
+        "probes": [
+            {"name": "latency_p95_ms <= 500.0", "sli": "latency_p95_ms", "max": 500.0, "weight": 1}
+        ],
+    }
+    assert drill.abort_conditions == {}
+    form = client.get(f"/t/{slug}/drills/new/").content.decode()
+    # Each fault's parameters as fields with their range and default, no JSON to type.
+    assert 'name="p_latency_spike_delay_ms"' in form and 'max="600000"' in form
+    assert 'value="500"' in form and 'name="parameters"' not in form
+    assert form.count('data-testid="fault-params"') == len(drills.catalogue())
     detail = client.get(f"/t/{slug}/drills/{drill.pk}/").content.decode()
     assert 'data-testid="drill-start"' in detail
 
@@ -45,10 +61,13 @@ def test_the_catalogue_and_a_drill_made_in_the_form(world_a: TenantWorld) -> Non
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"parameters": "{oops"}, "not valid JSON"),
-        ({"parameters": '{"delay_ms": -1}'}, "parameters.delay_ms: must be between 1 and"),
+        ({"p_latency_spike_delay_ms": "oops"}, 'data-field="p_latency_spike_delay_ms"'),
+        ({"p_latency_spike_delay_ms": "-1"}, 'data-field="p_latency_spike_delay_ms"'),
+        ({"p_latency_spike_distribution": "cubic"}, 'data-field="p_latency_spike_distribution"'),
         ({"schedule": "now"}, "cron expression of 5 fields"),
-        ({"steady_state": '{"probes": [{"sli": "mood"}]}'}, "steady_state.probes[0].sli"),
+        ({"probe_0_sli": "mood"}, 'data-field="probe_0_sli"'),
+        ({"probe_0_bound": ""}, "give the probe&#x27;s bound"),
+        ({"abort_error_rate_above": "2"}, 'data-field="abort_error_rate_above"'),
     ],
 )
 def test_form_errors_are_shown_and_nothing_is_saved(

@@ -23,6 +23,7 @@ from incidents.rca.postmortem import postmortem_markdown
 from incidents.rca.services_feedback import hint_feedback_set
 from incidents.rca.similar import similar_incidents
 from portal.exceptions import PortalError
+from serving.deployments import selectors as deployment_selectors
 from tenants.actors import Actor
 from tenants.models import Scope, Tenant
 from tenants.pages import can_write, tenant_page
@@ -51,11 +52,24 @@ class FilterForm(forms.Form):
         required=False, choices=[("", "Any status"), (OPEN, "Open"), *IncidentStatus.choices]
     )
     severity = forms.ChoiceField(required=False, choices=[("", "Any severity"), *Severity.choices])
+    deployment = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
+    kind = forms.ChoiceField(
+        required=False, choices=[("", "Real and drills"), ("real", "Real"), ("drill", "Drills")]
+    )
+    since = forms.DateField(required=False, label="From", widget=forms.DateInput({"type": "date"}))
+    until = forms.DateField(required=False, label="To", widget=forms.DateInput({"type": "date"}))
 
 
 def _filtered(tenant: Tenant, params: Any) -> tuple[FilterForm, QuerySet[Incident]]:
-    """The tenant's incidents matching the filters, open ones first, newest first within."""
+    """The tenant's incidents matching the filters, open ones first, newest first within:
+    status, severity, one of the tenant's deployments, real or drill, triggered from / to a
+    day (UTC, both included)."""
     form = FilterForm(params)
+    names = deployment_selectors.deployment_list(tenant=tenant, include_deleted=True)
+    form.fields["deployment"].choices = [("", "Any deployment")] + [
+        (pk, f"{name} (deleted)" if gone else name)
+        for pk, name, gone in names.order_by("name", "pk").values_list("pk", "name", "deleted_at")
+    ]
     incidents = selectors.incident_list(tenant=tenant).annotate(
         closed=Case(
             When(status=IncidentStatus.RESOLVED, then=Value(1)),
@@ -71,6 +85,17 @@ def _filtered(tenant: Tenant, params: Any) -> tuple[FilterForm, QuerySet[Inciden
             incidents = incidents.filter(status=status)
         if severity:
             incidents = incidents.filter(severity=severity)
+        data = form.cleaned_data
+        if data["deployment"] is not None:
+            incidents = incidents.filter(deployment_id=data["deployment"])
+        if data["kind"]:
+            incidents = incidents.filter(is_drill=data["kind"] == "drill")
+        if data["since"]:
+            incidents = incidents.filter(triggered_at__date__gte=data["since"])
+        if data["until"]:
+            incidents = incidents.filter(triggered_at__date__lte=data["until"])
+    else:  # a filter that makes no sense finds nothing, and says which (the form's errors)
+        incidents = incidents.none()
     return form, incidents.order_by("closed", "-triggered_at", "-id")
 
 

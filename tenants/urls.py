@@ -1,6 +1,6 @@
 from django.urls import path
 
-from tenants import views
+from tenants import audit_views, views
 from tenants.mfa import views as mfa_views
 
 urlpatterns = [
@@ -23,5 +23,5 @@ urlpatterns = [
     ),
     path("t/<slug:slug>/tokens/", views.tokens, name="tenant-tokens"),
     path("t/<slug:slug>/tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
-    path("t/<slug:slug>/audit/", views.audit_log, name="tenant-audit"),
+    path("t/<slug:slug>/audit/", audit_views.audit_log, name="tenant-audit"),
 ]

@@ -11,7 +11,6 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.debug import sensitive_post_parameters
@@ -279,16 +278,6 @@ def token_revoke(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
         return render(request, "tenants/_token_row.html", {"t": token})
     messages.success(request, f"Revoked {token.name}.")
     return redirect("tenant-tokens", slug=tenant.slug)
-
-
-@tenant_page()
-def audit_log(request: HttpRequest, tenant: Tenant) -> HttpResponse:
-    events = selectors.audit_event_list(tenant=tenant).order_by("-id")
-    action = request.GET.get("action", "").strip()
-    if action:
-        events = events.filter(action__startswith=action)
-    page = Paginator(events, 50).get_page(request.GET.get("page"))
-    return render(request, "tenants/audit.html", {"page": page, "action": action})
 
 
 def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:

@@ -63,7 +63,19 @@ def test_list_puts_open_incidents_first_and_filters(
     assert f'data-live-url="{_url(world_a, "incident-table")}?status=open&amp;severity=page"' in (
         filtered
     )
-    assert _ids(client.get(url + "?status=bogus").content.decode()) == _ids(html)  # ignored
+    # A filter that makes no sense finds nothing and names itself.
+    bogus = client.get(url + "?status=bogus").content.decode()
+    assert _ids(bogus) == [] and 'data-testid="filter-errors"' in bogus and "status:" in bogus
+    # By deployment (the tenant's own only), real or drill, and day.
+    deployment = deployment_of(world_a)
+    assert _ids(client.get(url + f"?deployment={deployment.pk}").content.decode()) == _ids(html)
+    Incident.objects.filter(pk=ticket.pk).update(is_drill=True)
+    assert _ids(client.get(url + "?kind=drill").content.decode()) == [ticket.pk]
+    assert _ids(client.get(url + "?kind=real").content.decode()) == [newest.pk, resolved.pk]
+    today = timezone.now().date()
+    assert _ids(client.get(url + f"?since={today + timedelta(days=1)}").content.decode()) == []
+    assert _ids(client.get(url + f"?until={today - timedelta(days=1)}").content.decode()) == []
+    assert len(_ids(client.get(url + f"?since={today - timedelta(days=1)}").content.decode())) == 3
     table = client.get(_url(world_a, "incident-table") + "?status=resolved").content.decode()
     assert table.startswith('<div id="incident-table"') and _ids(table) == [resolved.pk]
     row = client.get(_url(world_a, "incident-row", ticket)).content.decode()
@@ -193,3 +205,15 @@ def test_actions_record_who_acted(client: Any, world_a: TenantWorld) -> None:
         ).kind
         == EventKind.NOTE
     )
+
+
+def test_the_deployment_filter_knows_only_the_tenants_own(
+    client: Any, world_a: TenantWorld, world_b: TenantWorld
+) -> None:
+    breach(world_a)
+    client.force_login(world_a.viewer)
+    url = _url(world_a, "incident-list")
+    foreign = deployment_of(world_b)
+    page = client.get(url + f"?deployment={foreign.pk}").content.decode()
+    assert _ids(page) == [] and "deployment:" in page  # not a choice: an error, not a leak
+    assert f'<option value="{foreign.pk}"' not in client.get(url).content.decode()

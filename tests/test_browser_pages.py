@@ -19,8 +19,12 @@ from playwright.sync_api import Browser, Page, expect
 
 from incidents.models import Incident, IncidentStatus, Severity
 from serving.deployments.models import Deployment, DeploymentStatus
+from serving.ops import health
+from serving.ops.contracts import contract_set
+from tenants.actors import Actor
 from tests.conftest import PASSWORD, TenantWorld, make_world
 from tests.incidents.factories import breach
+from tests.serving.test_ops_pages import CONTRACT, publish_sli
 from tests.test_browser import ARTIFACTS
 from tests.test_browser_ops import (  # noqa: F401 (fixtures)
     _allow_orm_beside_playwright,
@@ -146,6 +150,17 @@ def test_every_page_meets_the_bars_at_both_widths(owner_page: Page, world: Tenan
     )
     page.on("pageerror", lambda e: errors.append(f"{page.url}: {e}"))
     incident = _incident(world, "latency up")
+    deployment = Deployment.objects.get(tenant=world.tenant, name="assistant")
+
+    def traffic() -> None:  # a contract and two real health ticks: the pages have numbers
+        contract_set(tenant=world.tenant, actor=Actor(user=world.owner), deployment=deployment,
+                     source=CONTRACT)  # fmt: skip
+        for ok, failed in ((900, 4), (1900, 12)):
+            publish_sli(deployment, "stable", ok=ok, failed=failed)
+            health.tick(now=time.time(), act=False)
+            time.sleep(1.1)
+
+    _in_another_thread(traffic)
     problems: list[str] = []
     for name, url in _pages(world, incident):
         response = page.goto(url)

@@ -14,7 +14,7 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG NODE_IMAGE=node:22-bookworm-slim
 
-# --- front-end packages (htmx, uPlot): only their dist folders reach the portal image ------
+# --- front-end packages (htmx, uPlot, CodeMirror): only what the pages load reaches the image ---
 FROM ${NODE_IMAGE} AS frontend
 WORKDIR /frontend
 COPY package.json package-lock.json ./
@@ -71,6 +71,9 @@ CMD ["ray", "start", "--address=ray-head:6379", "--block", "--disable-usage-stat
 FROM ray-node AS portal
 COPY --from=frontend /frontend/node_modules/htmx.org/dist /app/node_modules/htmx.org/dist
 COPY --from=frontend /frontend/node_modules/uplot/dist /app/node_modules/uplot/dist
+COPY --from=frontend /frontend/node_modules/codemirror/lib /app/node_modules/codemirror/lib
+COPY --from=frontend /frontend/node_modules/codemirror/mode/yaml /app/node_modules/codemirror/mode/yaml
+COPY --from=frontend /frontend/node_modules/codemirror/addon/lint /app/node_modules/codemirror/addon/lint
 ENV PORTAL_ENV=production \
     PORT=8000
 EXPOSE 8000

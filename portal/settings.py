@@ -338,6 +338,10 @@ STATICFILES_DIRS = [
     # Front-end packages are installed by npm (package.json); only their dist folders are served.
     ("vendor/htmx", BASE_DIR / "node_modules" / "htmx.org" / "dist"),
     ("vendor/uplot", BASE_DIR / "node_modules" / "uplot" / "dist"),
+    # The contract editor: CodeMirror 5 (one script, no bundler), its YAML mode and lint add-on.
+    ("vendor/codemirror/lib", BASE_DIR / "node_modules" / "codemirror" / "lib"),
+    ("vendor/codemirror/yaml", BASE_DIR / "node_modules" / "codemirror" / "mode" / "yaml"),
+    ("vendor/codemirror/lint", BASE_DIR / "node_modules" / "codemirror" / "addon" / "lint"),
 ]
 WHITENOISE_USE_FINDERS = not PRODUCTION
 WHITENOISE_AUTOREFRESH = not PRODUCTION

@@ -221,3 +221,32 @@ def test_a_new_incident_shows_on_the_home_page_without_a_reload(
     expect(page.get_by_test_id("glance-open-incidents")).to_contain_text(opened[0].title)
     assert page.evaluate("window.__marker") == marker  # the same page: no reload
     print(f"incident opened -> on the home page: {shown_s * 1000:.0f} ms")
+
+
+def test_the_contract_editor_marks_a_bad_line_as_you_type_and_saves(
+    owner_page: Page, world: TenantWorld
+) -> None:
+    """CodeMirror highlights the YAML, marks a bad line and lists the problem while the user
+    types (the portal's own check), a problem's button moves the cursor to its line, and the
+    form saves what the editor holds."""
+    page = owner_page
+    deployment = Deployment.objects.get(tenant=world.tenant, name="assistant")
+    page.goto(reverse("serving-deployment-contract", args=[world.tenant.slug, deployment.pk]))
+    editor = page.locator(".CodeMirror")
+    expect(editor).to_be_visible()
+    expect(page.locator(".cm-atom, .cm-string, .cm-keyword").first).to_be_visible()  # highlighted
+    expect(page.get_by_test_id("contract-status")).to_have_text("The contract is valid.")
+    page.evaluate(
+        "src => document.querySelector('.CodeMirror').CodeMirror.setValue(src)",
+        CONTRACT.replace("target: 0.99", "target: 7"),
+    )
+    expect(page.get_by_test_id("contract-status")).to_have_text("1 problem in the contract")
+    problems = page.get_by_test_id("contract-problems")
+    expect(problems).to_contain_text("line 10 — spec.objectives[0].target")
+    expect(page.locator(".CodeMirror-lint-marker-error")).to_have_count(1)
+    problems.get_by_role("button").click()
+    assert page.evaluate("document.querySelector('.CodeMirror').CodeMirror.getCursor().line") == 9
+    page.evaluate("src => document.querySelector('.CodeMirror').CodeMirror.setValue(src)", CONTRACT)
+    expect(page.get_by_test_id("contract-status")).to_have_text("The contract is valid.")
+    page.get_by_role("button", name="Save").click()
+    expect(page.get_by_test_id("contract-current")).to_have_text("chat-sla v1")

@@ -55,13 +55,20 @@ class DrillForm(forms.Form):
         required=False, initial=True, label="The deployment's contract must hold"
     )
     abort_error_rate_above = forms.FloatField(
-        required=False, initial=0.5, min_value=0, max_value=1, label="Abort above error rate",
+        required=False,
+        initial=0.5,
+        min_value=0,
+        max_value=1,
+        label="Abort above error rate",
         help_text="a ratio, e.g. 0.5; empty: no such condition",
-    )  # fmt: skip
+    )
     abort_burn_rate_above = forms.FloatField(
-        required=False, min_value=0, max_value=10_000, label="Abort above burn rate",
+        required=False,
+        min_value=0,
+        max_value=10_000,
+        label="Abort above burn rate",
         help_text="e.g. 14.4; empty: no such condition",
-    )  # fmt: skip
+    )
     schedule = forms.CharField(required=False, help_text="cron, UTC, e.g. 30 3 * * 1")
     revert = forms.ChoiceField(choices=RevertStrategy.choices)
     replay_prompts = forms.BooleanField(

@@ -24,6 +24,11 @@ urlpatterns = [
         name="serving-deployment-contract-import",
     ),
     path(
+        "deployments/<int:pk>/contract/check/",
+        ops_views.contract_check,
+        name="serving-deployment-contract-check",
+    ),
+    path(
         "deployments/<int:pk>/health/",
         ops_views.health_page,
         name="serving-deployment-health",

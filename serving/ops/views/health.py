@@ -13,6 +13,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from redis.exceptions import RedisError
 
@@ -74,6 +75,15 @@ def _contract_page(
         form = ops_forms.ContractForm(
             initial={"source": source or ops_forms.STARTER.format(name=deployment.name)}
         )
+    # The editor checks as you type against this URL (static/js/contract-editor.js).
+    form.fields["source"].widget.attrs.update(
+        {
+            "data-contract-editor": "",
+            "data-check-url": reverse(
+                "serving-deployment-contract-check", args=[tenant.slug, deployment.pk]
+            ),
+        }
+    )
     context = {
         "d": deployment,
         "current": current,
@@ -122,6 +132,31 @@ def contract_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse
     else:
         messages.success(request, f"Saved {row}: in force from the next health check.")
     return redirect("serving-deployment-contract", slug=tenant.slug, pk=deployment.pk)
+
+
+@require_POST
+@tenant_page(Scope.DEPLOY)
+def contract_check(request: HttpRequest, tenant: Tenant, pk: int) -> JsonResponse:
+    """The editor's check as you type: every problem of the source (line, field path,
+    message), nothing saved. The same parser and limits as saving (64 KiB, node budget)."""
+    deployment_selectors.deployment_get(tenant=tenant, pk=pk)  # a foreign one is a 404
+    form = ops_forms.ContractForm(request.POST)
+
+    def refused(errors: list[dict[str, Any]]) -> JsonResponse:
+        return JsonResponse({"ok": False, "errors": errors})
+
+    if not form.is_valid():
+        message = " ".join(str(e) for e in form.errors.get("source", [])) or "send the source."
+        return refused([{"line": None, "field": "source", "message": message}])
+    try:
+        contracts.contract_parse(form.cleaned_data["source"])
+    except contracts.ContractInvalid as exc:
+        return refused(
+            [{"line": e.line, "field": e.field, "message": e.message} for e in exc.errors]
+        )
+    except PortalError as exc:
+        return refused([{"line": None, "field": exc.field or "", "message": exc.message}])
+    return JsonResponse({"ok": True, "errors": []})
 
 
 @require_GET

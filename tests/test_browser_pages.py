@@ -250,3 +250,22 @@ def test_the_contract_editor_marks_a_bad_line_as_you_type_and_saves(
     expect(page.get_by_test_id("contract-status")).to_have_text("The contract is valid.")
     page.get_by_role("button", name="Save").click()
     expect(page.get_by_test_id("contract-current")).to_have_text("chat-sla v1")
+
+
+def test_the_deploy_form_shows_its_cost_as_it_is_filled_and_still_deploys(
+    owner_page: Page, world: TenantWorld
+) -> None:
+    page = owner_page
+    page.goto(reverse("serving-deployments", args=[world.tenant.slug]))
+    cost = page.get_by_test_id("deploy-cost")
+    expect(cost.get_by_test_id("cost-table")).to_be_visible()  # worked out on load
+    form = page.get_by_test_id("deployment-form")
+    form.get_by_label("Replicas:", exact=True).fill("4")
+    expect(cost.locator('[data-resource="replicas"]')).to_have_attribute("data-over", "true")
+    expect(cost.get_by_test_id("cost-refused")).to_be_visible()
+    form.get_by_label("Replicas:", exact=True).fill("1")
+    expect(cost.get_by_test_id("cost-refused")).to_be_hidden()
+    form.get_by_label("Name:", exact=True).fill("second")
+    form.get_by_role("button", name="Deploy").click()
+    expect(page.get_by_test_id("deployments-table")).to_contain_text("second")
+    assert Deployment.objects.filter(tenant=world.tenant, name="second").exists()

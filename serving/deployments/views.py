@@ -32,7 +32,7 @@ from tenants.pages import can_admin, can_deploy, form_error, page_actor, tenant_
 from tenants.scoping import get_for_tenant
 
 
-def _ready_versions(tenant: Tenant) -> QuerySet[ModelVersion]:
+def ready_versions(tenant: Tenant) -> QuerySet[ModelVersion]:
     return (
         selectors.version_list(tenant=tenant)
         .filter(status=VersionStatus.READY)
@@ -43,7 +43,7 @@ def _ready_versions(tenant: Tenant) -> QuerySet[ModelVersion]:
 def _canary_versions(tenant: Tenant, deployment: Deployment) -> QuerySet[ModelVersion]:
     """Ready versions a canary may run: any but the stable one."""
     revision = deployment.current_revision
-    versions = _ready_versions(tenant)
+    versions = ready_versions(tenant)
     return versions.exclude(pk=revision.stable_version_id) if revision else versions
 
 
@@ -66,7 +66,7 @@ def _created_key(deployment: Deployment, name: str, raw: str) -> dict[str, str]:
 
 @tenant_page()
 def deployments_page(request: HttpRequest, tenant: Tenant) -> HttpResponse:
-    versions = _ready_versions(tenant)
+    versions = ready_versions(tenant)
     form = forms.DeploymentCreateForm(request.POST or None, versions=versions)
     created = None
     if request.method == "POST":

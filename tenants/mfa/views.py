@@ -15,13 +15,16 @@ from django.contrib.auth import get_user_model, login
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.debug import sensitive_post_parameters
 
 from portal import ratelimit
 from portal.exceptions import PortalError
 from tenants import oidc
+from tenants import selectors as tenant_selectors
 from tenants.mfa import selectors, services
+from tenants.models import ApiToken
 from tenants.throttles import client_ip
 
 PENDING_KEY = "mfa_pending"  # the session's half-done sign-in: who, how, where to, since when
@@ -176,4 +179,11 @@ def _status(user: Any, context: dict[str, Any]) -> dict[str, Any]:
         "enabled": enabled,
         "waiting": device is not None and not enabled,
         "codes_left": selectors.recovery_codes_left(device=device) if enabled and device else 0,
+        # The account's other halves: where it is a member, and the live tokens it made.
+        "memberships": tenant_selectors.memberships_of_user(user=user).select_related("tenant"),
+        "my_tokens": ApiToken.objects.filter(
+            created_by=user, revoked_at__isnull=True, expires_at__gt=timezone.now()
+        )
+        .select_related("tenant")
+        .order_by("tenant__name", "name"),
     }

@@ -1,10 +1,11 @@
 from django.urls import path
 
-from incidents import views
+from incidents import breach_views, views
 from incidents.drills import views as drill_views
 from incidents.notifications import views as channel_views
 
 urlpatterns = [
+    path("t/<slug:slug>/alerts/", breach_views.breaches_page, name="alerts"),
     path("t/<slug:slug>/drills/", drill_views.drills_page, name="drills"),
     path("t/<slug:slug>/drills/new/", drill_views.drill_new, name="drill-new"),
     path("t/<slug:slug>/drills/quick/", drill_views.drill_quick, name="drill-quick"),

@@ -1,5 +1,6 @@
 """The platform status page (staff only): the readiness checks of `/readyz`, beat's last tick
-and each Celery queue's workers with the age of their heartbeat (portal.heartbeats)."""
+and each Celery queue's workers with the age of their heartbeat (portal.heartbeats), and the
+fleet (portal.fleet): nodes, GPU agents, deployments by state, reconcile runs, drift."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from portal import health_urls, heartbeats
+from portal import fleet, health_urls, heartbeats
 from portal.celery import QUEUES
 
 
@@ -17,4 +18,5 @@ from portal.celery import QUEUES
 def platform_status(request: HttpRequest) -> HttpResponse:
     ready = json.loads(health_urls.readyz(request).content)
     beats = heartbeats.snapshot(QUEUES)
-    return render(request, "platform_status.html", {"ready": ready, "beats": beats})
+    context = {"ready": ready, "beats": beats, "fleet": fleet.fleet()}
+    return render(request, "platform_status.html", context)

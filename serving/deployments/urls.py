@@ -2,11 +2,12 @@
 
 from django.urls import path
 
-from serving.deployments import cost_views, views
+from serving.deployments import cost_views, pool_views, views
 
 urlpatterns = [
     path("deployments/", views.deployments_page, name="serving-deployments"),
     path("deployments/cost/", cost_views.deployment_cost, name="serving-deployment-cost"),
+    path("pools/", pool_views.pools_page, name="serving-pools"),
     path("deployments/<int:pk>/", views.deployment_page, name="serving-deployment"),
     path(
         "deployments/<int:pk>/status/",

@@ -13,6 +13,7 @@ the tenant's incident stream says an incident changed (static/js/incidents-live.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -107,14 +108,22 @@ def glance(*, tenant: Tenant) -> dict[str, Any]:
         for r in ops_selectors.rollout_list(tenant=tenant).filter(status__in=LIVE_ROLLOUTS)
     }
     day_ago = timezone.now() - timedelta(seconds=ROLLBACKS_S)
-    rollbacks = list(ops_selectors.rollback_list(tenant=tenant).filter(created_at__gte=day_ago))
+    rollbacks = list(
+        ops_selectors.rollback_list(tenant=tenant)
+        .filter(created_at__gte=day_ago)
+        .select_related("deployment")  # the list under the table names it
+    )
+    rolled_back = Counter(r.deployment_id for r in rollbacks)
+    slots_of: dict[int, list[Counts]] = {}
+    for (deployment_id, _), slot_counts in counts.items():
+        slots_of.setdefault(deployment_id, []).append(slot_counts)
     open_by_deployment = incident_selectors.open_counts_by_deployment(tenant)
     now = time.time()
     rows = []
     for d in deployments:
         found = health.get(d.pk) or {}
         checked = found.get("checked_at")
-        slots = [c for (dep, _), c in counts.items() if dep == d.pk]
+        slots = slots_of.get(d.pk, [])
         canary = counts.get((d.pk, "canary"))
         rollout = rollouts.get(d.pk)
         rows.append(
@@ -132,7 +141,7 @@ def glance(*, tenant: Tenant) -> dict[str, Any]:
                 else {"index": rollout.step_index + 1, "of": len(rollout.steps or [])},
                 "kv": _kv(found),
                 "incidents": open_by_deployment.get(d.pk, 0),
-                "rollbacks": sum(1 for r in rollbacks if r.deployment_id == d.pk),
+                "rollbacks": rolled_back[d.pk],
                 "checked_age_s": None if not checked else max(0.0, now - float(checked)),
                 "probe": found.get("probe") or {},
             }

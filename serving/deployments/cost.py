@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from serving.deployments import capacity
-from serving.deployments.models import KvMode, SharedPool
-from serving.deployments.services.spec import clean_spec, live_deployments, spec_usage
+from serving.deployments.models import KvMode
+from serving.deployments.services.spec import live_deployments, new_deployment_spec, spec_usage
 from serving.registry.selectors import version_get_deployable
 from tenants.models import Quota, Tenant
 
@@ -27,21 +27,7 @@ def new_deployment_cost(
     """The preview of `deployment_create(version_id=..., settings=...)`; raises what it would
     raise for a setting that makes no sense (ValidationFailed naming the field)."""
     version = version_get_deployable(tenant=tenant, version_id=version_id, field="version")
-    settings = dict(settings)
-    pool_name = settings.pop("pool", None)
-    if pool_name:
-        pool = SharedPool.objects.filter(name=pool_name).first()
-        settings["pool_id"] = pool.pk if pool else -1
-    spec = clean_spec(
-        tenant=tenant,
-        spec={
-            "stable_version_id": version.pk,
-            "canary_version_id": None,
-            "kv_mode": settings.pop("kv_mode", KvMode.DEDICATED),
-            **settings,
-            "key_hashes": [],
-        },
-    )
+    spec = new_deployment_spec(tenant=tenant, version=version, settings=settings, key_hashes=[])
     quota = Quota.objects.get(tenant=tenant)
     others = {key: 0.0 for key, _, _ in RESOURCES}
     live = list(live_deployments(tenant=tenant).select_related("current_revision"))

@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from incidents.models import Incident, IncidentStatus, Severity
 from portal.templatetags.units import duration_ms, per_second, percent
@@ -19,7 +20,7 @@ from serving.deployments import services as deploy
 from serving.deployments.models import Deployment, DeploymentStatus
 from serving.ops import health
 from serving.ops.contracts import contract_set
-from serving.ops.models import SliSample
+from serving.ops.models import Rollback, SliSample
 from serving.ops.selectors import recent_counts
 from tenants.actors import Actor
 from tenants.models import Quota
@@ -109,8 +110,14 @@ def test_the_home_page_renders_in_a_fixed_number_of_queries(
     for total in (2, 8):
         while Deployment.objects.filter(tenant=world_a.tenant).count() < total:
             n = Deployment.objects.filter(tenant=world_a.tenant).count()
-            deploy.deployment_create(tenant=world_a.tenant, actor=actor, name=f"d{n}",
-                                     version_id=version_id, settings={"num_cpus": 0.25})  # fmt: skip
+            made, _ = deploy.deployment_create(tenant=world_a.tenant, actor=actor, name=f"d{n}",
+                                               version_id=version_id, settings={"num_cpus": 0.25})  # fmt: skip
+            revision = made.current_revision
+            Rollback.objects.create(tenant=world_a.tenant, deployment=made, key=f"k{n}",
+                                    trigger="manual", from_revision=revision, to_revision=revision,
+                                    detected_at=timezone.now())  # fmt: skip
+            Incident.objects.create(tenant=world_a.tenant, deployment=made, title=f"i{n}",
+                                    severity=Severity.PAGE, dedup_key=f"i{n}")  # fmt: skip
         with CaptureQueriesContext(connection) as page:
             assert client.get(url).status_code == 200
         with CaptureQueriesContext(connection) as part:

@@ -19,8 +19,6 @@ from serving.deployments.models import (
     DeploymentRevision,
     DeploymentStatus,
     InferenceKey,
-    KvMode,
-    SharedPool,
 )
 from serving.deployments.services.keys import new_inference_key
 from serving.deployments.services.revisions import (
@@ -31,7 +29,11 @@ from serving.deployments.services.revisions import (
     snapshot,
     write_revision,
 )
-from serving.deployments.services.spec import check_quota, clean_spec, live_deployments
+from serving.deployments.services.spec import (
+    check_quota,
+    live_deployments,
+    new_deployment_spec,
+)
 from serving.deployments.spec_checks import number
 from serving.registry.selectors import version_get_deployable
 from tenants.actors import Actor
@@ -60,20 +62,8 @@ def deployment_create(
         )
     version = version_get_deployable(tenant=tenant, version_id=version_id, field="version")
     raw_key, key_hash = new_inference_key()
-    settings = dict(settings or {})
-    pool_name = settings.pop("pool", None)
-    if pool_name:
-        pool = SharedPool.objects.filter(name=pool_name).first()
-        settings["pool_id"] = pool.pk if pool else -1
-    spec = clean_spec(
-        tenant=tenant,
-        spec={
-            "stable_version_id": version.pk,
-            "canary_version_id": None,
-            "kv_mode": settings.pop("kv_mode", KvMode.DEDICATED),
-            **settings,
-            "key_hashes": [key_hash],
-        },
+    spec = new_deployment_spec(
+        tenant=tenant, version=version, settings=settings, key_hashes=[key_hash]
     )
     capacity.check_fits(spec=spec)
     with transaction.atomic():

@@ -197,6 +197,33 @@ def _check_leak_caps(spec: dict[str, Any]) -> None:
             )
 
 
+def new_deployment_spec(
+    *,
+    tenant: Tenant,
+    version: ModelVersion,
+    settings: dict[str, Any] | None,
+    key_hashes: list[str],
+) -> dict[str, Any]:
+    """The cleaned spec of a new deployment of `version` (deployable, checked by the caller)
+    with the page's or API's `settings` (a pool named by `pool`): what deployment_create
+    writes and its cost preview (serving.deployments.cost) reads."""
+    settings = dict(settings or {})
+    pool_name = settings.pop("pool", None)
+    if pool_name:
+        pool = SharedPool.objects.filter(name=pool_name).first()
+        settings["pool_id"] = pool.pk if pool else -1
+    return clean_spec(
+        tenant=tenant,
+        spec={
+            "stable_version_id": version.pk,
+            "canary_version_id": None,
+            "kv_mode": settings.pop("kv_mode", KvMode.DEDICATED),
+            **settings,
+            "key_hashes": key_hashes,
+        },
+    )
+
+
 def live_deployments(*, tenant: Tenant) -> QuerySet[Deployment]:
     return Deployment.objects.filter(tenant=tenant, deleted_at__isnull=True)
 

@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from incidents import selectors
 from incidents.models import BreachKind, Severity, SlaBreach
+from portal.filters import DayRangeForm, by_days
 from serving.deployments import selectors as deployment_selectors
 from serving.ops import selectors as ops_selectors
 from tenants.models import Tenant
@@ -24,21 +25,16 @@ from tenants.pages import tenant_page
 PAGE_SIZE = 50
 
 
-class BreachFilterForm(forms.Form):
+class BreachFilterForm(DayRangeForm):
     deployment = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
     objective = forms.CharField(required=False, max_length=120)
     severity = forms.ChoiceField(required=False, choices=[("", "Any severity"), *Severity.choices])
     kind = forms.ChoiceField(required=False, choices=[("", "Any kind"), *BreachKind.choices])
-    since = forms.DateField(required=False, label="From", widget=forms.DateInput({"type": "date"}))
-    until = forms.DateField(required=False, label="To", widget=forms.DateInput({"type": "date"}))
 
 
 def _filtered(tenant: Tenant, params: Any) -> tuple[BreachFilterForm, QuerySet[SlaBreach]]:
     form = BreachFilterForm(params)
-    names = deployment_selectors.deployment_list(tenant=tenant, include_deleted=True)
-    form.fields["deployment"].choices = [("", "Any deployment")] + list(
-        names.order_by("name", "pk").values_list("pk", "name")
-    )
+    form.fields["deployment"].choices = deployment_choices(tenant)
     rows = selectors.breach_list(tenant=tenant).select_related("deployment", "incident")
     rows = rows.order_by("-detected_at", "-id")
     if not form.is_valid():
@@ -52,11 +48,16 @@ def _filtered(tenant: Tenant, params: Any) -> tuple[BreachFilterForm, QuerySet[S
         rows = rows.filter(severity=data["severity"])
     if data["kind"]:
         rows = rows.filter(kind=data["kind"])
-    if data["since"]:
-        rows = rows.filter(detected_at__date__gte=data["since"])
-    if data["until"]:
-        rows = rows.filter(detected_at__date__lte=data["until"])
-    return form, rows
+    return form, by_days(rows, "detected_at", data)
+
+
+def deployment_choices(tenant: Tenant) -> list[tuple[Any, str]]:
+    """The list filters' deployment choices: the tenant's own, deleted ones marked."""
+    names = deployment_selectors.deployment_list(tenant=tenant, include_deleted=True)
+    return [("", "Any deployment")] + [
+        (pk, f"{name} (deleted)" if gone else name)
+        for pk, name, gone in names.order_by("name", "pk").values_list("pk", "name", "deleted_at")
+    ]
 
 
 def _firing(tenant: Tenant) -> tuple[list[dict[str, Any]], bool]:

@@ -15,6 +15,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from incidents import analytics, selectors, services
+from incidents.breach_views import deployment_choices
 from incidents.models import Incident, IncidentStatus, Severity
 from incidents.rca import selectors as rca
 from incidents.rca.learning import cause_key
@@ -23,7 +24,7 @@ from incidents.rca.postmortem import postmortem_markdown
 from incidents.rca.services_feedback import hint_feedback_set
 from incidents.rca.similar import similar_incidents
 from portal.exceptions import PortalError
-from serving.deployments import selectors as deployment_selectors
+from portal.filters import DayRangeForm, by_days
 from tenants.actors import Actor
 from tenants.models import Scope, Tenant
 from tenants.pages import can_write, tenant_page
@@ -47,7 +48,7 @@ class NoteForm(forms.Form):
     )
 
 
-class FilterForm(forms.Form):
+class FilterForm(DayRangeForm):
     status = forms.ChoiceField(
         required=False, choices=[("", "Any status"), (OPEN, "Open"), *IncidentStatus.choices]
     )
@@ -56,8 +57,6 @@ class FilterForm(forms.Form):
     kind = forms.ChoiceField(
         required=False, choices=[("", "Real and drills"), ("real", "Real"), ("drill", "Drills")]
     )
-    since = forms.DateField(required=False, label="From", widget=forms.DateInput({"type": "date"}))
-    until = forms.DateField(required=False, label="To", widget=forms.DateInput({"type": "date"}))
 
 
 def _filtered(tenant: Tenant, params: Any) -> tuple[FilterForm, QuerySet[Incident]]:
@@ -65,11 +64,7 @@ def _filtered(tenant: Tenant, params: Any) -> tuple[FilterForm, QuerySet[Inciden
     status, severity, one of the tenant's deployments, real or drill, triggered from / to a
     day (UTC, both included)."""
     form = FilterForm(params)
-    names = deployment_selectors.deployment_list(tenant=tenant, include_deleted=True)
-    form.fields["deployment"].choices = [("", "Any deployment")] + [
-        (pk, f"{name} (deleted)" if gone else name)
-        for pk, name, gone in names.order_by("name", "pk").values_list("pk", "name", "deleted_at")
-    ]
+    form.fields["deployment"].choices = deployment_choices(tenant)
     incidents = selectors.incident_list(tenant=tenant).annotate(
         closed=Case(
             When(status=IncidentStatus.RESOLVED, then=Value(1)),
@@ -90,10 +85,7 @@ def _filtered(tenant: Tenant, params: Any) -> tuple[FilterForm, QuerySet[Inciden
             incidents = incidents.filter(deployment_id=data["deployment"])
         if data["kind"]:
             incidents = incidents.filter(is_drill=data["kind"] == "drill")
-        if data["since"]:
-            incidents = incidents.filter(triggered_at__date__gte=data["since"])
-        if data["until"]:
-            incidents = incidents.filter(triggered_at__date__lte=data["until"])
+        incidents = by_days(incidents, "triggered_at", data)
     else:  # a filter that makes no sense finds nothing, and says which (the form's errors)
         incidents = incidents.none()
     return form, incidents.order_by("closed", "-triggered_at", "-id")

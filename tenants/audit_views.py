@@ -20,6 +20,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from portal.filters import DayRangeForm, by_days
 from tenants import selectors
 from tenants.models import AuditEvent, Tenant
 from tenants.pages import tenant_page
@@ -30,20 +31,12 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 COLUMNS = ("when", "who", "action", "object_type", "object_id", "object", "before", "after")
 
 
-class AuditFilterForm(forms.Form):
+class AuditFilterForm(DayRangeForm):
     action = forms.CharField(required=False, max_length=80, label="Action starts with")
     actor = forms.CharField(required=False, max_length=200, label="Who")
     object_type = forms.CharField(
         required=False, max_length=80, label="Object type", help_text="e.g. serving.deployment"
     )
-    since = forms.DateField(required=False, label="From", widget=forms.DateInput({"type": "date"}))
-    until = forms.DateField(required=False, label="To", widget=forms.DateInput({"type": "date"}))
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        if data.get("since") and data.get("until") and data["since"] > data["until"]:
-            self.add_error("until", "must be on or after From.")
-        return data
 
 
 def filtered(tenant: Tenant, params: Any) -> tuple[AuditFilterForm, QuerySet[AuditEvent]]:
@@ -60,11 +53,7 @@ def filtered(tenant: Tenant, params: Any) -> tuple[AuditFilterForm, QuerySet[Aud
         events = events.filter(actor_label__icontains=data["actor"].strip())
     if data["object_type"].strip():
         events = events.filter(object_type=data["object_type"].strip())
-    if data["since"]:
-        events = events.filter(created_at__date__gte=data["since"])
-    if data["until"]:
-        events = events.filter(created_at__date__lte=data["until"])
-    return form, events
+    return form, by_days(events, "created_at", data)
 
 
 def safe_cell(value: Any) -> str:

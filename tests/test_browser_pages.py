@@ -207,6 +207,8 @@ def test_keyboard_alone_skips_to_content_and_works_the_narrow_menu(
     assert page.evaluate("document.documentElement.dataset.theme") == "dark"
     page.reload()
     assert page.evaluate("document.documentElement.dataset.theme") == "dark"
+    background = "getComputedStyle(document.body).backgroundColor"
+    assert page.evaluate(background) == "rgb(13, 17, 23)"  # the dark tokens apply
     check_page(page, "deployments-dark")
 
 

@@ -4,6 +4,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
+# The tests that need no Ray run on this many pytest-xdist workers (each its own database and
+# Redis db); then the Ray tests run in one process on one session Ray head, alone on the cores
+# (beside other tests their replicas starve and miss their windows). Every test's time is kept in
+# test-artifacts/junit-*.xml (the suite's profile: docs/architecture.md).
+PYTEST_WORKERS ?= 2
 
 # The suite runs against real PostgreSQL and Redis on 127.0.0.1 (started if stopped).
 TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/portal} \
@@ -57,7 +62,9 @@ test: install-dev
 	$(BIN)/lint-imports
 	$(TEST_ENV) $(BIN)/python manage.py check
 	$(TEST_ENV) $(BIN)/python manage.py makemigrations --check --dry-run
-	$(TEST_ENV) $(BIN)/pytest $(if $(PYTEST_WORKERS),-n $(PYTEST_WORKERS) --dist loadgroup)
+	$(TEST_ENV) $(BIN)/pytest -m "not ray" $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS)) \
+		--junitxml=test-artifacts/junit-not-ray.xml
+	$(TEST_ENV) $(BIN)/pytest -m ray --junitxml=test-artifacts/junit-ray.xml
 
 clean:
 	rm -rf $(VENV) node_modules var .pytest_cache .mypy_cache .ruff_cache

@@ -21,6 +21,7 @@ SCENARIOS = {
     "engines": "the built-in engine vs vLLM; the portal before vLLM vs vLLM's own server",
     "gpu_check": "NVML readings of this machine's GPUs (simulated provider without one)",
     "health_tick": "cost per deployment of one health tick vs a naive loop",
+    "pages": "each page's render time over 100 deployments and a week of SLI history",
     "prefix": "time to first token with a cached prefix vs cold",
     "priority": "realtime latency under a batch flood, with priority classes vs without",
     "recovery": "a version slot's rollback from its standby copy vs a reload from disk",

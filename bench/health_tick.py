@@ -10,14 +10,23 @@ so that every window lookup finds real rows. Then times `tick(now=..., act=True)
 * with probes, against a stand-in for the Serve proxy (a small asyncio HTTP server in a
   child process that answers every POST .../v1/completions with 200);
 * against a baseline in the same process: a naive per-slot loop (one ORM query for the slot's
-  last row, one Redis HGETALL, one ORM insert for each slot).
+  last row, one Redis HGETALL, one ORM insert for each slot), up to --naive-max deployments;
+* sharded, on real Celery workers (queue `health`, concurrency 1, prefetch 1, started by the
+  bench on its test database): the unsharded tick on 1 worker, then --shards shards on 1 and
+  on 2 workers, each tick sent as the beat's fan-out sends it (one `serving.health_tick_shard`
+  message per shard, one tick time) and timed from the first message to the last result.
+
+From --large deployments on, each slot has less stored history (--large-raw-rows raw rows, a
+minute row every --large-minute-step minutes: seeding 10,000 deployments' full day of minute
+rows would take half an hour) and at most --large-ticks timed rounds.
 
 The run uses its own PostgreSQL database, created and dropped through Django's test-database
 machinery (``test_<name>_health`` of DATABASE_URL), its own Redis key prefix
 (``portal-bench-health:*``, cleared before and after); it never touches real data. Run from
 the repository root::
 
-    python -m bench health_tick [--quick] [--sizes 100,1000] [--ticks 8] [--profile 3]
+    python -m bench health_tick [--quick] [--sizes 1000,10000] [--ticks 8] [--shards 4]
+                                [--profile 3] [--no-workers]
 
 Results go to stdout and to bench/results/health_tick.json.
 """
@@ -38,8 +47,8 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,21 +64,37 @@ BENCH_PREFIX = env.setup("health_tick", redis_db=12)
 
 import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.db import DatabaseError, connection  # noqa: E402
+from django.db import connection  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
-from django.utils import timezone  # noqa: E402
 
+from bench.fleet import (  # noqa: E402
+    REPLICAS,
+    REQUESTS_PER_PUBLISH,
+    SAMPLE_KV,
+    TICK_S,
+    History,
+    SlotSeed,
+    TenantSeed,
+    kv_of,
+    seed_deployments,
+    seed_history,
+    seed_tenants,
+    serve_traffic,
+    slot_version,
+    unit_of,
+)
 from bench.harness import BenchSession  # noqa: E402
-from bench.harness.processes import die_with_parent  # noqa: E402
+from bench.harness.database import database_url  # noqa: E402
+from bench.harness.processes import die_with_parent, start_process, stop_process  # noqa: E402
 from bench.harness.profiling import top  # noqa: E402
 from bench.harness.redis import clear_prefix  # noqa: E402
 from bench.harness.report import environment, print_table, results_path, write_results  # noqa: E402
 from bench.harness.stats import ratio  # noqa: E402
-from serving.dataplane.sli import SliRecorder, SliWindow, publish, sli_key  # noqa: E402
+from portal.celery import app as celery_app  # noqa: E402
+from serving.dataplane.sli import publish, sli_key  # noqa: E402
 from serving.deployments.models import (  # noqa: E402
     Deployment,
     DeploymentRevision,
-    DeploymentStatus,
 )
 from serving.ops import health  # noqa: E402
 from serving.ops.models import Resolution, SlaContract, SliSample  # noqa: E402
@@ -79,33 +104,14 @@ from serving.ops.sli_store import (  # noqa: E402
     lookup_before,
     sample_row,
 )
-from serving.registry.models import (  # noqa: E402
-    ArtifactSource,
-    Model,
-    ModelVersion,
-    VersionStatus,
-)
+from serving.ops.tasks import health_tick_shard  # noqa: E402
 from serving.slo.evaluate import Counts, evaluate  # noqa: E402
 from serving.slo.parse import parse_contract  # noqa: E402
-from tenants import services  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
 from tests.support.contracts import REALISTIC as CONTRACT_YAML  # noqa: E402
 
-TARGET_MS_PER_DEPLOYMENT = 2.0
+TARGET_MS_PER_DEPLOYMENT = 0.5  # issue 20: per deployment per tick, or scale with workers
 RESULTS_PATH = results_path("health_tick")
-TICK_S = 2.0  # the deployments' health_interval_s, and how far `now` moves per tick
-REPLICAS = {"stable": 2, "canary": 1}  # replicas publishing per slot
-REQUESTS_PER_PUBLISH = {"stable": 15, "canary": 5}  # per replica, between two ticks
-KV = {"num_blocks": 256, "free_blocks": 190, "fragmentation": 0.04}
-SAMPLE_KV = {
-    "blocks_total": 512,
-    "blocks_used": 132,
-    "preemptions": 0,
-    "evictions": 0,
-    "fragmentation": 0.04,
-    "replicas": 2,
-    "replica_restarts": 0,
-}
 
 
 def clear_bench_redis() -> None:
@@ -168,53 +174,6 @@ def quiet_console_logging() -> None:
 # --- data ----------------------------------------------------------------------------------
 
 
-@dataclass
-class TenantSeed:
-    tenant: Tenant
-    owner: Any
-    stable: ModelVersion
-    canary: ModelVersion
-
-
-@dataclass
-class SlotSeed:
-    deployment_id: int
-    tenant_id: int
-    app: str
-    group: str
-    version: str
-    recorders: list[SliRecorder] = field(default_factory=list)
-
-
-def seed_tenants(n: int) -> list[TenantSeed]:
-    """Tenants through signup; a model with two ready versions each (no checkpoint needed)."""
-    seeds = []
-    now = timezone.now()
-    for i in range(n):
-        owner, tenant = services.signup(
-            email=f"owner{i:02d}@health{i:02d}.example",
-            password="correct-horse-battery-staple-42",
-            organisation=f"Health Bench {i:02d}",
-        )
-        model = Model.objects.create(tenant=tenant, name="assistant", created_by=owner)
-        stable, canary = (
-            ModelVersion.objects.create(
-                tenant=tenant,
-                model=model,
-                label=label,
-                source=ArtifactSource.PATH,
-                artifact_uri=f"file:///nonexistent/bench/{label}",
-                format="safetensors",
-                status=VersionStatus.READY,
-                ready_at=now,
-                created_by=owner,
-            )
-            for label in ("v1", "v2")
-        )
-        seeds.append(TenantSeed(tenant, owner, stable, canary))
-    return seeds
-
-
 def wipe_deployments() -> None:
     """Deployments, revisions, contracts and SLI rows of the previous size (own test DB)."""
     tables = [m._meta.db_table for m in (SliSample, SlaContract, DeploymentRevision, Deployment)]
@@ -225,108 +184,6 @@ def wipe_deployments() -> None:
     clear_bench_redis()
 
 
-def seed_deployments(n: int, tenants: list[TenantSeed]) -> list[SlotSeed]:
-    """N running deployments (bulk), revision 1 each (a canary on every other one), an SLA
-    contract each; returns their slots."""
-    now = timezone.now()
-    deployments = Deployment.objects.bulk_create(
-        [
-            Deployment(
-                tenant=tenants[i % len(tenants)].tenant,
-                name=f"chat-{i:05d}",
-                status=DeploymentStatus.RUNNING,
-                status_at=now,
-                created_by=tenants[i % len(tenants)].owner,
-                health_interval_s=TICK_S,
-            )
-            for i in range(n)
-        ],
-        batch_size=1000,
-    )
-    revisions = DeploymentRevision.objects.bulk_create(
-        [
-            DeploymentRevision(
-                tenant_id=d.tenant_id,
-                deployment=d,
-                number=1,
-                reason="bench",
-                stable_version=tenants[i % len(tenants)].stable,
-                canary_version=tenants[i % len(tenants)].canary if i % 2 == 0 else None,
-                canary_percent=10 if i % 2 == 0 else 0,
-                num_replicas=REPLICAS["stable"],
-                created_by=tenants[i % len(tenants)].owner,
-                applied_at=now - timedelta(hours=2),
-                converged_at=now - timedelta(hours=2),
-                serve_status="RUNNING",
-            )
-            for i, d in enumerate(deployments)
-        ],
-        batch_size=1000,
-    )
-    for d, revision in zip(deployments, revisions, strict=True):
-        # last good == current: _mark_good has nothing to write (steady state).
-        d.current_revision = revision
-        d.last_good_revision = revision
-    Deployment.objects.bulk_update(
-        deployments, ["current_revision", "last_good_revision"], batch_size=1000
-    )
-    document = parse_contract(CONTRACT_YAML).to_dict()
-    SlaContract.objects.bulk_create(
-        [
-            SlaContract(
-                tenant_id=d.tenant_id,
-                deployment=d,
-                version=1,
-                name="bench-sla",
-                source=CONTRACT_YAML,
-                document=document,
-                created_by=tenants[i % len(tenants)].owner,
-            )
-            for i, d in enumerate(deployments)
-        ],
-        batch_size=1000,
-    )
-    # The slots as the tick sees them, with the version label its replicas publish.
-    slots = []
-    for target in health.health_targets():
-        for group in target.groups:
-            version = slot_version(target, group)
-            slot = SlotSeed(
-                target.deployment.pk, target.deployment.tenant_id, target.app, group, version
-            )
-            slot.recorders = [
-                SliRecorder(target.app, group, version, f"{target.app}#{group}#r{k}")
-                for k in range(REPLICAS[group])
-            ]
-            slots.append(slot)
-    assert len(slots) == n + (n + 1) // 2, f"{len(slots)} slots for {n} deployments"
-    return slots
-
-
-def slot_version(target: health.Target, group: str) -> str:
-    """The version label of a slot: what its replicas publish and its stored rows carry."""
-    return target.version(group)
-
-
-def serve_traffic(window: SliWindow, requests: int, offset: int = 0) -> None:
-    """Deterministic traffic: no errors, 1 request in 40 over 500 ms (p95 objective met)."""
-    for i in range(offset, offset + requests):
-        slow = i % 40 == 39
-        latency = 0.6 if slow else 0.02 + 0.01 * (i % 40)
-        window.record(
-            latency_s=latency,
-            ok=True,
-            ttft_s=latency / 4,
-            itl_s=[0.008, 0.011, 0.009, 0.012],
-            tokens_in=48 + i % 16,
-            tokens_out=5,
-        )
-
-
-def kv_of(slot: SlotSeed) -> dict[str, Any]:
-    return {**KV, "tenants": {str(slot.tenant_id): {"preemptions": 0, "evictions": 1}}}
-
-
 def publish_round(slots: list[SlotSeed], round_no: int) -> int:
     """Every replica serves some requests, then rolls its window and publishes it (as
     replicas do, with the data plane's own `publish`), all in one asyncio loop. The rolls come
@@ -335,6 +192,9 @@ def publish_round(slots: list[SlotSeed], round_no: int) -> int:
         for recorder in slot.recorders:
             serve_traffic(recorder.current, REQUESTS_PER_PUBLISH[slot.group], round_no * 7)
     snapshots = [r.roll(kv=kv_of(slot)) for slot in slots for r in slot.recorders]
+    if len(snapshots) > BATCH_PUBLISH_ABOVE:
+        publish_batched(snapshots)
+        return len(snapshots)
 
     async def send_all() -> None:
         import redis.asyncio as aioredis
@@ -355,123 +215,36 @@ def publish_round(slots: list[SlotSeed], round_no: int) -> int:
     return len(snapshots)
 
 
-def times(unit: Counts, k: int) -> Counts:
-    """`unit` counted k times (k ticks' worth of traffic)."""
-    return Counts(
-        requests=unit.requests * k,
-        errors=unit.errors * k,
-        rejected=unit.rejected * k,
-        tokens_in=unit.tokens_in * k,
-        tokens_out=unit.tokens_out * k,
-        latency=[v * k for v in unit.latency],
-        ttft=[v * k for v in unit.ttft],
-        itl=[v * k for v in unit.itl],
-        seconds=unit.seconds * k,
-    )
+# From this many snapshots on, one at a time took longer than `health.STALE_S` (10,000
+# deployments: 25,000 snapshots), so the tick found them stale; thousands of replicas publish
+# side by side, not in turn.
+BATCH_PUBLISH_ABOVE = 5000
+STAMP_AHEAD_S = 120.0
 
 
-def unit_of(group: str) -> Counts:
-    """One tick's traffic of a slot (all its replicas), as stored history counts it."""
-    window = SliWindow()
-    serve_traffic(window, REQUESTS_PER_PUBLISH[group] * REPLICAS[group])
-    counts = Counts.from_dict(window.as_dict())
-    counts.seconds = TICK_S
-    return counts
-
-
-@dataclass
-class History:
-    base: float  # the end of the newest stored row; ticks start after it
-    t0: float  # where the cumulative series starts (zero)
-    raw_dense: int
-    raw_sparse: int
-    minutes: int
-    minute_step: int
-
-    def cumulative(self, unit: Counts, end: float) -> Counts:
-        return times(unit, int((end - self.t0) // TICK_S))
-
-    def rows(self, unit: Counts) -> Iterator[tuple[int, float, float, Counts, Counts]]:
-        """(resolution, start, end, delta, cumulative) of one slot's stored history."""
-        base = self.base
-        ends = [base - TICK_S * k for k in range(self.raw_dense)]  # every tick, newest first
-        last_dense = ends[-1]
-        ends += [last_dense - 60 * k for k in range(1, self.raw_sparse + 1)]  # a row a minute
-        for end in ends:
-            yield Resolution.RAW, end - TICK_S, end, unit, self.cumulative(unit, end)
-        minute_unit = times(unit, int(60 // TICK_S))
-        newest_minute = base - base % 60
-        for k in range(0, self.minutes, self.minute_step):
-            end = newest_minute - 60 * k
-            yield Resolution.MINUTE, end - 60, end, minute_unit, self.cumulative(unit, end)
-
-
-def seed_history(slots: list[SlotSeed], history: History) -> int:
-    """Stored SLI rows for every slot: one template slot per group through `sample_row` and
-    bulk_create, copied server-side to every other slot of that group (INSERT ... SELECT)."""
-    templates: dict[str, SlotSeed] = {}
-    for slot in slots:
-        templates.setdefault(slot.group, slot)
-    for group, template in templates.items():
-        unit = unit_of(group)
-        probe = (True, 11.5) if group == "stable" else (None, None)
-        rows = [
-            sample_row(
-                tenant_id=template.tenant_id,
-                slot=(template.deployment_id, group),
-                version=template.version,
-                resolution=resolution,
-                start=start,
-                end=end,
-                delta=delta,
-                cumulative=cumulative,
-                probe=probe if resolution == Resolution.RAW else (None, None),
-                kv=SAMPLE_KV,
-            )
-            for resolution, start, end, delta, cumulative in history.rows(unit)
-        ]
-        SliSample.objects.bulk_create(rows, batch_size=2000)
-
-    columns = [f.column for f in SliSample._meta.concrete_fields if not f.primary_key]
-    from_slot = {"tenant_id": "s.ten", "deployment_id": "s.dep", "version": "s.ver"}
-    quote = connection.ops.quote_name
-    select = ", ".join(from_slot.get(c, f"t.{quote(c)}") for c in columns)
-    table, names = quote(SliSample._meta.db_table), ", ".join(map(quote, columns))
-    # Column names come from the model; every value is a parameter.
-    join = "CROSS JOIN unnest(%s::bigint[], %s::bigint[], %s::text[]) AS s(dep, ten, ver)"
-    where = 'WHERE t.deployment_id = %s AND t."group" = %s'
-    statement = f"INSERT INTO {table} ({names}) SELECT {select} FROM {table} t {join} {where}"  # noqa: S608
-    for group, template in templates.items():
-        others = [s for s in slots if s.group == group and s is not template]
-        for start in range(0, len(others), 200):
-            chunk = others[start : start + 200]
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    statement,
-                    [
-                        [s.deployment_id for s in chunk],
-                        [s.tenant_id for s in chunk],
-                        [s.version for s in chunk],
-                        template.deployment_id,
-                        group,
-                    ],
-                )
-    with connection.cursor() as cursor:  # steady state: no autovacuum while timing
-        cursor.execute(f"VACUUM ANALYZE {SliSample._meta.db_table}")
-        cursor.execute(f"ANALYZE {Deployment._meta.db_table}")
-        cursor.execute(f"ANALYZE {SlaContract._meta.db_table}")
-    checkpoint()
-    return SliSample.objects.count()
-
-
-def checkpoint() -> None:
-    """Flush the seeding's dirty pages now rather than during the timed ticks (needs a
-    superuser or pg_checkpoint; skipped without)."""
+def publish_batched(snapshots: list[dict[str, Any]]) -> None:
+    """The commands of `serving.dataplane.sli.publish` (HSET, EXPIRE, PUBLISH) for every
+    snapshot, pipelined 1,000 snapshots a round trip, each stamped (`window.end`) STAMP_AHEAD_S
+    ahead: a replica publishes every second, so what a tick reads is at most a second old,
+    while this bench publishes once before each tick and a tick over 10,000 deployments reads
+    it seconds later (more than `health.STALE_S` on a busy machine: every replica would be
+    dropped as stale). The counts are the replicas' cumulative totals, which the stamp leaves
+    alone."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("CHECKPOINT")
-    except DatabaseError as exc:
-        print(f"  (no CHECKPOINT: {exc})")
+        for start in range(0, len(snapshots), 1000):
+            stamp = time.time() + STAMP_AHEAD_S
+            with client.pipeline(transaction=False) as pipe:
+                for snapshot in snapshots[start : start + 1000]:
+                    snapshot["window"]["end"] = stamp
+                    key = sli_key(BENCH_PREFIX, snapshot["app"], snapshot["group"])
+                    payload = json.dumps(snapshot, separators=(",", ":"))
+                    pipe.hset(key, snapshot["replica"], payload)
+                    pipe.expire(key, 600)
+                    pipe.publish(f"{BENCH_PREFIX}:sli", payload)
+                pipe.execute()
+    finally:
+        client.close()
 
 
 def seed_state(slots: list[SlotSeed], history: History) -> None:
@@ -705,9 +478,17 @@ def start_probe_server() -> tuple[subprocess.Popen[str], str]:
 
 
 def run_size(
-    n: int, tenants: list[TenantSeed], args: argparse.Namespace, serve_url: str
+    n: int,
+    tenants: list[TenantSeed],
+    args: argparse.Namespace,
+    serve_url: str,
+    workers: Workers | None = None,
 ) -> dict[str, Any]:
     wipe_deployments()
+    large = n >= args.large
+    ticks = min(args.ticks, args.large_ticks) if large else args.ticks
+    warmup = min(args.warmup, 1) if large else args.warmup
+    with_naive = n <= args.naive_max
     print(f"\n[{n} deployments] seeding ...", flush=True)
     started = time.perf_counter()
     slots = seed_deployments(n, tenants)
@@ -715,10 +496,10 @@ def run_size(
     history = History(
         base=base,
         t0=base - base % 60 - 60 * (args.history_minutes + 1),
-        raw_dense=args.raw_rows,
+        raw_dense=args.large_raw_rows if large else args.raw_rows,
         raw_sparse=args.raw_sparse_minutes,
         minutes=args.history_minutes,
-        minute_step=args.minute_step,
+        minute_step=args.large_minute_step if large else args.minute_step,
     )
     stored = seed_history(slots, history)
     publish_round(slots, 0)  # the replicas' totals the state below has already seen
@@ -765,10 +546,11 @@ def run_size(
     # One publish before every tick (the naive loop reads what is there), so every tick
     # should store exactly one publish's worth of requests per slot.
     served = {g: REQUESTS_PER_PUBLISH[g] * REPLICAS[g] for g in REPLICAS}
-    for _ in range(args.warmup):
+    for _ in range(warmup):
         publish()
         check_tick(timed_tick(next_now(), None), n, len(slots), probes=False)
-        timed_naive(naive_now())
+        if with_naive:
+            timed_naive(naive_now())
         publish()
         check_tick(timed_tick(next_now(), serve_url), n, len(slots), probes=True)
     probes_ok = probe_results_ok(n)
@@ -779,18 +561,20 @@ def run_size(
     sql_probes = capture_sql(settled(), serve_url)
     resync()
 
-    print(f"  timing {args.ticks} rounds of tick / naive / tick with probes ...", flush=True)
+    naive_what = "naive / " if with_naive else ""
+    print(f"  timing {ticks} rounds of tick / {naive_what}tick with probes ...", flush=True)
     plain: list[Sample] = []
     naive: list[Sample] = []
     probed: list[Sample] = []
     exact: dict[str, list[int]] = {"tick": [], "tick_with_probes": []}
-    for _ in range(args.ticks):
+    for _ in range(ticks):
         gc.collect()
         publish()
         plain.append(timed_tick(next_now(), None))
         check_tick(plain[-1], n, len(slots), probes=False)
         exact["tick"].append(exactly_measured(clock["now"], served))
-        naive.append(timed_naive(naive_now()))
+        if with_naive:
+            naive.append(timed_naive(naive_now()))
         publish()
         probed.append(timed_tick(next_now(), serve_url))
         check_tick(probed[-1], n, len(slots), probes=True)
@@ -806,6 +590,11 @@ def run_size(
             out = args.output.parent / f"health_tick.{n}.{name}.prof"
             profile[name] = profile_ticks(args.profile, n, publish, next_now, url, out)
 
+    sharded: dict[str, Any] = {}
+    if workers is not None:
+        rounds = min(args.worker_rounds, args.large_ticks) if large else args.worker_rounds
+        sharded = scaling(n, args, workers, rounds, publish, next_now)
+
     result = {
         "deployments": n,
         "slots": len(slots),
@@ -813,48 +602,199 @@ def run_size(
         "seed_s": round(seed_s, 1),
         "tick": summarise(plain, n),
         "tick_with_probes": summarise(probed, n),
-        "naive": summarise(naive, n),
+        "naive": summarise(naive, n) if naive else None,
+        "history": {
+            "raw_rows_every_2s": history.raw_dense,
+            "minute_step": history.minute_step,
+        },
         "sql": {"tick": sql_plain, "tick_with_probes": sql_probes},
         "probes_answered_200": probes_ok,
         "measured": measured,
         "profile": profile,
+        "workers": sharded,
     }
-    tick_p50, naive_p50 = result["tick"]["p50_ms"], result["naive"]["p50_ms"]
-    result["ratio_tick_to_naive"] = ratio(tick_p50, naive_p50)
-    result["ratio_tick_to_naive_cpu"] = ratio(
-        result["tick"]["p50_cpu_ms"], result["naive"]["p50_cpu_ms"]
-    )
+    tick_p50 = result["tick"]["p50_ms"]
+    print(f"  tick {result['tick']}\n  with probes {result['tick_with_probes']}", flush=True)
+    if naive:
+        result["ratio_tick_to_naive"] = ratio(tick_p50, result["naive"]["p50_ms"])
+        result["ratio_tick_to_naive_cpu"] = ratio(
+            result["tick"]["p50_cpu_ms"], result["naive"]["p50_cpu_ms"]
+        )
     result["probe_cost_ms_per_deployment"] = round(
         (result["tick_with_probes"]["p50_ms"] - tick_p50) / n, 4
     )
     return result
 
 
+# --- sharded ticks on real Celery workers --------------------------------------------------
+
+
+class Workers:
+    """Real Celery workers of the `health` queue, one process each (concurrency 1, prefetch 1:
+    a worker reserves one shard beyond the one it ticks, so the shards spread over workers)."""
+
+    def __init__(self, env: dict[str, str], work: Path) -> None:
+        self.env, self.work = env, work
+        self.processes: list[subprocess.Popen[Any]] = []
+
+    def scale(self, count: int) -> None:
+        while len(self.processes) < count:
+            i = len(self.processes)
+            self.processes.append(
+                start_process(
+                    [
+                        sys.executable,
+                        "-m",
+                        "celery",
+                        "-A",
+                        "portal",
+                        "worker",
+                        "-Q",
+                        "health",
+                        "-n",
+                        f"health{i}@%h",
+                        "--concurrency",
+                        "1",
+                        "--prefetch-multiplier",
+                        "1",
+                        "--without-gossip",
+                        "--without-mingle",
+                        "-l",
+                        "INFO",
+                    ],
+                    self.env,
+                    self.work / f"worker{i}.log",
+                    "ready",
+                )  # fmt: skip
+            )
+        while len(self.processes) > count:
+            stop_process(self.processes.pop())
+
+    def tasks_done(self) -> list[int]:
+        """Shard ticks each worker has run so far (from its log)."""
+        done = "Task serving.health_tick_shard["
+        counts = []
+        for i in range(len(self.processes)):
+            text = (self.work / f"worker{i}.log").read_text(errors="replace")
+            counts.append(sum(1 for ln in text.splitlines() if done in ln and "succeeded" in ln))
+        return counts
+
+    def close(self) -> None:
+        self.scale(0)
+
+
+def sharded_ticks(
+    n: int,
+    shards: int,
+    rounds: int,
+    warmup: int,
+    publish: Callable[[], None],
+    next_now: Callable[[], float],
+) -> dict[str, Any]:
+    """Ticks as the beat's fan-out makes them: one `serving.health_tick_shard` message per shard
+    at one tick time; the wall time from the first message sent to the last shard's result."""
+    walls: list[float] = []
+    shard_ms: list[list[float]] = []
+    for i in range(warmup + rounds):
+        publish()
+        now = next_now()
+        started = time.perf_counter()
+        pending = [health_tick_shard.apply_async((k, shards, now)) for k in range(shards)]
+        try:
+            reports = [p.get(timeout=300) for p in pending]
+        except Exception as exc:  # e.g. the task's time limit: a finding, not a crash
+            for p in pending:
+                p.get(timeout=300, propagate=False)
+            return {"shards": shards, "failed": f"{type(exc).__name__} {exc}".strip()}
+        wall = time.perf_counter() - started
+        skipped = [r for r in reports if r.get("skipped")]
+        assert not skipped, skipped
+        assert sum(r["deployments"] for r in reports) == n, reports
+        assert sum(r["due"] for r in reports) == n, reports
+        if any(r["firing"] or r["actions"] for r in reports):
+            raise RuntimeError(f"the seeded traffic breached the contract: {reports}")
+        if i >= warmup:
+            walls.append(wall * 1000)
+            shard_ms.append([float(r["duration_ms"]) for r in reports])
+    p50 = statistics.median(walls)
+    return {
+        "shards": shards,
+        "ticks": rounds,
+        "p50_ms": round(p50, 1),
+        "p50_ms_per_deployment": round(p50 / n, 4),
+        "all_ms": [round(v, 1) for v in walls],
+        "shard_ms": shard_ms,
+    }
+
+
+def scaling(
+    n: int,
+    args: argparse.Namespace,
+    workers: Workers,
+    rounds: int,
+    publish: Callable[[], None],
+    next_now: Callable[[], float],
+) -> dict[str, Any]:
+    """The unsharded tick on one worker, then `--shards` shards on 1 and on 2 workers."""
+    out: dict[str, Any] = {}
+    # Each worker's caches (contracts, per-shard boundaries) fill in its first ticks.
+    warmup = 1 if args.quick or n >= args.large else 2
+    celery_app.conf.task_always_eager = False
+    try:
+        for count, shards in ((1, 1), (1, args.shards), (2, args.shards)):
+            workers.scale(count)
+            before = workers.tasks_done()
+            print(f"  {count} worker(s), {shards} shard(s): {rounds} ticks ...", flush=True)
+            found = sharded_ticks(n, shards, rounds, warmup, publish, next_now)
+            after = workers.tasks_done()
+            found["shard_ticks_per_worker"] = [
+                a - (before[i] if i < len(before) else 0) for i, a in enumerate(after)
+            ]
+            out[f"{count}w_{shards}s"] = found
+            print(
+                f"    {json.dumps({k: v for k, v in found.items() if k != 'shard_ms'})}", flush=True
+            )
+    finally:
+        celery_app.conf.task_always_eager = True
+        workers.scale(1)
+    one, two, whole = out[f"1w_{args.shards}s"], out[f"2w_{args.shards}s"], out["1w_1s"]
+    if "p50_ms" in one and "p50_ms" in two:
+        out["speedup_2_workers"] = round(one["p50_ms"] / two["p50_ms"], 3)
+    if "p50_ms" in one and "p50_ms" in whole:
+        out["sharding_overhead_1_worker"] = round(one["p50_ms"] / whole["p50_ms"], 3)
+    return out
+
+
 # Where a tick's time goes: cumulative time of these functions, per tick (under cProfile).
 BREAKDOWN = (
-    ("serving/health.py", "tick", "tick (all)"),
-    ("serving/health.py", "health_targets", "targets + contracts queries"),
+    ("serving/ops/health/__init__.py", "tick", "tick (all)"),
+    ("serving/ops/health/targets.py", "health_targets", "targets + contracts queries"),
     ("serving/slo/model.py", "from_dict", "  Contract/objects from_dict"),
     ("redis/client.py", "execute", "Redis pipelines (read + write)"),
-    ("serving/health.py", "_evaluate", "window lookup + evaluation"),
-    ("serving/sli_store.py", "lookup", "  BoundaryCache.lookup (>1 h: once a minute)"),
-    ("serving/sli_store.py", "lookup_before", "    lookup_before (query + decoding)"),
+    ("serving/ops/health/series.py", "parse_read", "  signal series parse"),
+    ("serving/ops/health/signals.py", "slot_signals", "slot_signals (signal SLIs)"),
+    ("serving/ops/health/signals.py", "decode_all", "  routers / GPU decode"),
+    ("serving/ops/health/evaluation.py", "evaluate_slots", "window lookup + evaluation"),
+    ("serving/ops/sli_store.py", "lookup", "  BoundaryCache.lookup (>1 h: once a minute)"),
+    ("serving/ops/sli_store.py", "lookup_before", "    lookup_before (query + decoding)"),
     ("serving/slo/evaluate.py", "evaluate", "  evaluate()"),
     ("serving/slo/evaluate.py", "to_dict", "Evaluation.to_dict (Redis info)"),
-    ("serving/sli_store.py", "sample_row", "sample_row (model instances)"),
-    ("serving/sli_store.py", "insert_samples", "insert_samples (COPY)"),
-    ("serving/health.py", "_kv_summary", "_kv_summary"),
+    ("serving/ops/sli_store.py", "sample_row", "sample_row (model instances)"),
+    ("serving/ops/sli_store.py", "insert_samples", "insert_samples (COPY)"),
+    ("serving/ops/health/signals.py", "kv_summary", "kv_summary"),
     ("serving/slo/counts.py", ("__add__", "__sub__", "_combine"), "Counts + / -"),
     ("serving/slo/counts.py", "from_dict", "Counts.from_dict"),
     ("serving/slo/counts.py", "to_dict", "Counts.to_dict"),
     ("json/__init__.py", "loads", "json.loads"),
     ("json/__init__.py", "dumps", "json.dumps"),
-    ("serving/health.py", "probe", "probes (HTTP, concurrent)"),
+    ("serving/ops/health/probe.py", "probe", "probes (HTTP, concurrent)"),
     ("logging/__init__.py", "callHandlers", "  log records written"),
     ("portal/logging.py", "filter", "    redaction filter"),
-    ("serving/health.py", "_mark_good", "_mark_good"),
-    ("serving/rollouts.py", "rollouts_advance", "rollouts_advance"),
-    ("serving/health.py", "_resume_stuck_rollbacks", "_resume_stuck_rollbacks"),
+    ("serving/ops/health/slots.py", "_mark_good", "_mark_good"),
+    ("serving/ops/rollouts.py", "rollouts_advance", "rollouts_advance"),
+    ("serving/ops/health/reloads.py", "alert_failed_reloads", "alert_failed_reloads"),
+    ("serving/ops/health/kv_integrity.py", "alert_kv_integrity", "alert_kv_integrity"),
+    ("serving/ops/health/slots.py", "_resume_stuck_rollbacks", "_resume_stuck_rollbacks"),
 )
 
 
@@ -881,7 +821,7 @@ def profile_ticks(
     total = sum(
         ct
         for (file, _, name), (_, _, _, ct, _) in entries.items()
-        if file.endswith("serving/health.py") and name == "tick"
+        if file.endswith("serving/ops/health/__init__.py") and name == "tick"
     )
     total = total or stats.total_tt  # type: ignore[attr-defined]  # asyncio.run can hide `tick`
     breakdown = []
@@ -964,16 +904,62 @@ def print_results(results: list[dict[str, Any]]) -> None:
         "slots measured exactly (probes)",
         lambda r: spread(r["measured"]["slots_measured_exactly"]["tick_with_probes"]),
     )
-    add("naive p50 ms", lambda r: f"{r['naive']['p50_ms']:.1f}")
-    add("naive ms / deployment", lambda r: f"{r['naive']['p50_ms_per_deployment']:.3f}")
-    add("  worker CPU ms / deployment", lambda r: f"{r['naive']['p50_cpu_ms_per_deployment']:.3f}")
-    add(
-        "naive SQL / Redis per tick",
-        lambda r: f"{r['naive']['queries'][-1]} / {r['naive']['redis_round_trips'][-1]}",
-    )
-    add("tick / naive (p50)", lambda r: f"{r['ratio_tick_to_naive']:.3f}x")
-    add("tick / naive (worker CPU)", lambda r: f"{r['ratio_tick_to_naive_cpu']:.3f}x")
+    naive = [r for r in results if r["naive"]]
+    if naive:
+        rows.append(["naive loop", *("" for _ in results)])
+
+        def naive_add(label: str, value: Callable[[dict[str, Any]], Any]) -> None:
+            add(label, lambda r: value(r) if r["naive"] else "-")
+
+        naive_add("naive p50 ms", lambda r: f"{r['naive']['p50_ms']:.1f}")
+        naive_add("naive ms / deployment", lambda r: f"{r['naive']['p50_ms_per_deployment']:.3f}")
+        naive_add(
+            "  worker CPU ms / deployment",
+            lambda r: f"{r['naive']['p50_cpu_ms_per_deployment']:.3f}",
+        )
+        naive_add(
+            "naive SQL / Redis per tick",
+            lambda r: f"{r['naive']['queries'][-1]} / {r['naive']['redis_round_trips'][-1]}",
+        )
+        naive_add("tick / naive (p50)", lambda r: f"{r['ratio_tick_to_naive']:.3f}x")
+        naive_add("tick / naive (worker CPU)", lambda r: f"{r['ratio_tick_to_naive_cpu']:.3f}x")
+    sharded = [r for r in results if r["workers"]]
+    if sharded:
+        rows.append(["sharded, real Celery workers", *("" for _ in results)])
+
+        def shard_add(label: str, value: Callable[[dict[str, Any]], Any]) -> None:
+            add(label, lambda r: value(r["workers"]) if r["workers"] else "-")
+
+        def wall(found: dict[str, Any]) -> str:
+            return f"{found['p50_ms']:.1f}" if "p50_ms" in found else found["failed"][:24]
+
+        shard_add("1 worker, 1 shard: wall ms", lambda w: wall(w["1w_1s"]))
+        shard_add(
+            "1 worker, S shards: wall ms",
+            lambda w: f"{wall(w[one_of(w, 1)])} (S={w[one_of(w, 1)]['shards']})",
+        )
+        shard_add("2 workers, S shards: wall ms", lambda w: wall(w[one_of(w, 2)]))
+        shard_add(
+            "  ms / deployment, 2 workers",
+            lambda w: f"{w[one_of(w, 2)].get('p50_ms_per_deployment', float('nan')):.3f}",
+        )
+        shard_add(
+            "  speedup, 2 vs 1 worker", lambda w: f"{w.get('speedup_2_workers', float('nan')):.2f}x"
+        )
+        shard_add(
+            "  shard ticks per worker (2 w)",
+            lambda w: "/".join(map(str, w[one_of(w, 2)]["shard_ticks_per_worker"])),
+        )
+        shard_add(
+            "  S shards / 1 shard, 1 worker",
+            lambda w: f"{w.get('sharding_overhead_1_worker', float('nan')):.2f}x",
+        )
     print_table(rows)
+
+
+def one_of(workers: dict[str, Any], count: int) -> str:
+    """The key of the sharded run on `count` workers."""
+    return next(k for k in workers if k.startswith(f"{count}w_") and k != "1w_1s")
 
 
 def spread(values: list[int]) -> str:
@@ -986,6 +972,7 @@ def report(
 ) -> None:
     largest = results[-1]
     ok = largest["tick"]["p50_ms_per_deployment"] <= TARGET_MS_PER_DEPLOYMENT
+    workers = largest["workers"]
     # BEGIN/COMMIT included; a tick that crosses a minute also writes minute rows, which
     # at 1,000 deployments (3,000 rows) takes a second insert batch of 2,000.
     constant = len({r["sql"]["tick"]["queries"] for r in results}) == 1
@@ -1012,6 +999,7 @@ def report(
         "sizes": results,
         "target_ms_per_deployment": TARGET_MS_PER_DEPLOYMENT,
         "target_ok": ok,
+        "speedup_2_workers": workers.get("speedup_2_workers"),
         "queries_constant": constant,
     }
     print_results(results)
@@ -1020,8 +1008,17 @@ def report(
         f"\n  tick at {largest['deployments']} deployments: "
         f"{largest['tick']['p50_ms_per_deployment']:.3f} ms per deployment "
         f"(target <= {TARGET_MS_PER_DEPLOYMENT} ms: {verdict}); SQL queries per tick "
-        f"{'constant' if constant else 'GROW WITH N'}\n"
+        f"{'constant' if constant else 'GROW WITH N'}"
     )
+    if workers and "speedup_2_workers" in workers:
+        two = workers[one_of(workers, 2)]
+        print(
+            f"  sharded ({two['shards']} shards) on 2 Celery workers: "
+            f"{two['p50_ms']:.0f} ms a tick, "
+            f"{two['p50_ms_per_deployment']:.3f} ms per deployment, "
+            f"{workers['speedup_2_workers']:.2f}x the 1-worker wall time"
+        )
+    print()
     write_results("health_tick", result, args.output)
     if not ok and not args.profile:
         print("above target: rerun with --profile 3 to see where the tick spends it")
@@ -1029,7 +1026,7 @@ def report(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="100,1000", help="deployment counts, comma-separated")
+    parser.add_argument("--sizes", default="1000,10000", help="deployment counts, comma-separated")
     parser.add_argument("--ticks", type=int, default=8, help="timed rounds per size")
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds per size")
     parser.add_argument("--tenants", type=int, default=10)
@@ -1045,6 +1042,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--minute-step", type=int, default=1, help="one minute row every this many minutes"
+    )
+    parser.add_argument(
+        "--large",
+        type=int,
+        default=5000,
+        metavar="N",
+        help="sizes from N on: --large-raw-rows, --large-minute-step, at most --large-ticks",
+    )
+    parser.add_argument(
+        "--large-raw-rows", type=int, default=30, help="raw rows a slot every 2 s (large sizes)"
+    )
+    parser.add_argument(
+        "--large-minute-step", type=int, default=30, help="minute rows this far apart (large)"
+    )
+    parser.add_argument("--large-ticks", type=int, default=3, help="timed rounds (large sizes)")
+    parser.add_argument(
+        "--shards", type=int, default=4, help="shards of the tick on 1 and 2 Celery workers"
+    )
+    parser.add_argument(
+        "--worker-rounds", type=int, default=5, help="timed sharded ticks per worker count"
+    )
+    parser.add_argument(
+        "--no-workers", action="store_true", help="skip the sharded ticks on Celery workers"
+    )
+    parser.add_argument(
+        "--naive-max", type=int, default=1000, help="run the naive loop up to this size only"
     )
     parser.add_argument(
         "--profile",
@@ -1063,6 +1086,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.sizes, args.ticks, args.warmup, args.tenants = "20", 2, 1, 2
         args.raw_rows, args.raw_sparse_minutes, args.history_minutes = 30, 5, 20
+        args.shards, args.worker_rounds = 2, 1
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
 
     quiet_console_logging()
@@ -1078,7 +1102,20 @@ def main(argv: list[str] | None = None) -> int:
             load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
             print(f"test database {test_name}; probe stand-in on {serve_url}; load {load}")
             tenants = seed_tenants(args.tenants)
-            results = [run_size(n, tenants, args, serve_url) for n in sizes]
+            workers = None
+            if not args.no_workers:
+                env = {
+                    **os.environ,
+                    "DATABASE_URL": database_url(test_name),
+                    "PORTAL_TEST_WORKER": "1",
+                    "HEALTH_PROBES": "0",
+                }
+                workers = Workers(env, session.workdir())
+                session.callback(workers.close)
+            results = []
+            for n in sizes:  # each size's figures on disk as soon as it is done
+                results.append(run_size(n, tenants, args, serve_url, workers))
+                write_results("health_tick", {"partial": True, "sizes": results}, args.output)
             env_info = environment(
                 "django", "redis", "psycopg", database=True, redis_url=settings.REDIS_URL
             )

@@ -2,8 +2,9 @@
 
 The real GPU agent (`serving.gpu_agent.GpuAgent`, 4 simulated GPUs, 5 Hz) publishes in this
 process to the tenant's Channels group over Redis; the portal runs as in production
-(`python -m portal.serve`: one uvicorn worker) in a child process; 1, 100 and 500 WebSocket
-clients (the `websockets` package, one asyncio process, separate from both) log in with a
+(`python -m portal.serve`: one uvicorn worker, --server-workers) in a child process; 1, 100 and
+500 WebSocket clients (the `websockets` package, asyncio processes of their own, one unless
+--client-processes; each reads only a message's seq and at) log in with a
 member's session cookie and record every sample they get. For each channel layer
 (`CHANNEL_LAYER=core`: channels_redis' RedisChannelLayer, `pubsub`: RedisPubSubChannelLayer)
 and each client count it reports, over the samples taken in the measured window:
@@ -28,6 +29,7 @@ root::
 
     python -m bench ws_fanout [--quick] [--clients 1,100,500] [--seconds 20]
                               [--layers core,pubsub] [--profile] [--json PATH]
+                              [--server-workers N] [--client-processes K]
     # on a shared host: run ahead of other jobs, repeat runs they disturbed
     python -m bench ws_fanout --nice -10 --wait-idle 120 --retries 2
     # the server's garbage collections over 1 ms, per window (see GC_TRACE)
@@ -43,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import resource
@@ -160,6 +163,26 @@ def proc_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_s(pid: int) -> float | None:
+    """proc_cpu_s of `pid` and its descendants (the server's uvicorn workers)."""
+    total = proc_cpu_s(pid)
+    if total is None:
+        return None
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        total += proc_cpu_s(child) or 0.0
+        todo += children.get(child, [])
+    return total
+
+
 def machine_cpu_s() -> tuple[float, float]:
     """(busy, steal) CPU seconds of the whole machine so far, all cores (/proc/stat)."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -190,6 +213,19 @@ async def _stdin_lines() -> asyncio.StreamReader:
 def _say(message: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
+
+
+def sample_stamp(raw: bytes) -> tuple[str, float]:
+    """(seq, at) of one message: the stream sends `{"seq":"<seq>","at":<at>,...` (consumers.py),
+    read without parsing the rest (the clients' process is not what is measured); anything else
+    is parsed in full."""
+    if raw.startswith(b'{"seq":"'):
+        end = raw.find(b'","at":', 8)
+        stop = raw.find(b",", end + 7) if end > 0 else -1
+        if stop > 0:
+            return raw[8:end].decode(), float(raw[end + 7 : stop])
+    sample = json.loads(raw)
+    return str(sample["seq"]), float(sample["at"])
 
 
 async def client_worker() -> None:
@@ -225,11 +261,12 @@ async def client_worker() -> None:
                     max_queue=None,
                 )
             sockets.append(ws)
-            async for raw in ws:
+            while True:
+                raw = await ws.recv(decode=False)  # bytes: no UTF-8 decoding of the whole
                 now = time.time()
-                sample = json.loads(raw)
-                mine_seqs.append(sample["seq"])
-                mine_lats.append(now - sample["at"])
+                seq, at = sample_stamp(raw)
+                mine_seqs.append(seq)
+                mine_lats.append(now - at)
                 if len(mine_seqs) == 1:
                     ready[0] += 1
                     if ready[0] == n:
@@ -246,6 +283,10 @@ async def client_worker() -> None:
     tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(all_ready.wait(), timeout=float(config["ready_timeout"]))
+    # The sockets and the growing lists of what they got live to the end: out of the
+    # collector's sight, a full collection of this process no longer stalls every client.
+    gc.collect()
+    gc.freeze()
     _say({"ready": ready[0], "errors": errors[:20], "closed": len(closed),
           "connect_s": round(time.monotonic() - started, 3)})  # fmt: skip
     marks: dict[str, tuple[float, float, int]] = {}
@@ -379,7 +420,7 @@ CHILDREN: dict[int, subprocess.Popen[Any]] = {}  # pid -> process, for the last-
 
 
 def start_server(
-    layer: str, port: int, world: World, log: Any, entry: list[str]
+    layer: str, port: int, world: World, log: Any, entry: list[str], workers: int = 1
 ) -> subprocess.Popen[Any]:
     env = dict(os.environ)
     env.update(
@@ -392,7 +433,16 @@ def start_server(
     log.write(f"=== {when} {layer} :{port} {'gc-trace' if entry[0] == '-c' else entry[1]}\n")
     log.flush()
     process = subprocess.Popen(  # noqa: S603 (this interpreter, the portal's own entry point)
-        [sys.executable, *entry, "--host", "127.0.0.1", "--port", str(port)],
+        [
+            sys.executable,
+            *entry,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+        ],  # fmt: skip
         cwd=REPO_ROOT,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -496,6 +546,74 @@ async def start_clients(config: dict[str, Any]) -> asyncio.subprocess.Process:
     return process
 
 
+class ClientProcesses:
+    """The clients split over `k` processes (each its own event loop, so their work can use
+    every core, as browsers on their own machines would); read as one."""
+
+    def __init__(self, procs: list[tuple[asyncio.subprocess.Process, int, Path]]) -> None:
+        self.procs = procs  # (process, index of its first client, its output file)
+
+    @classmethod
+    async def start(cls, k: int, config: dict[str, Any]) -> ClientProcesses:
+        n = int(config["clients"])
+        k = max(1, min(k, n))
+        procs, base = [], 0
+        for i in range(k):
+            count = n // k + (1 if i < n % k else 0)
+            out = Path(tempfile.mkstemp(prefix="ws_fanout-", suffix=".json")[1])
+            conf = dict(config, clients=count, out=str(out))
+            conf["concurrency"] = max(1, int(config["concurrency"]) // k)
+            procs.append((await start_clients(conf), base, out))
+            base += count
+        return cls(procs)
+
+    async def tell(self, line: str) -> None:
+        for process, _, _ in self.procs:
+            await tell(process, line)
+
+    async def hear(self, timeout: float) -> dict[str, Any]:
+        said = await asyncio.gather(*(hear(p, timeout) for p, _, _ in self.procs))
+        if "ready" in said[0]:
+            return {
+                "ready": sum(m["ready"] for m in said),
+                "errors": [e for m in said for e in m["errors"]][:20],
+                "closed": sum(m["closed"] for m in said),
+                "connect_s": max(m["connect_s"] for m in said),
+            }
+        usages = [m.get("usage") or {} for m in said]
+        usage = (
+            {
+                "wall_s": max(u["wall_s"] for u in usages),
+                "cpu_s": sum(u["cpu_s"] for u in usages),
+                "messages": sum(u["messages"] for u in usages),
+            }
+            if all(usages)
+            else {}
+        )
+        closed = {
+            str(base + int(i)): code
+            for m, (_, base, _) in zip(said, self.procs, strict=True)
+            for i, code in (m.get("closed") or {}).items()
+        }
+        errors = [e for m in said for e in m.get("errors") or []][:20]
+        return {"done": True, "usage": usage, "closed": closed, "errors": errors}
+
+    async def end(self) -> None:
+        for process, _, _ in self.procs:
+            with contextlib.suppress(ProcessLookupError, ConnectionResetError, BrokenPipeError):
+                await tell(process, "stop")  # no-op when it already stopped
+            await end_clients(process)
+
+    def received(self) -> dict[str, list[Any]]:
+        merged: dict[str, list[Any]] = {"seqs": [], "lat": []}
+        for _, _, out in self.procs:
+            part = json.loads(out.read_text())
+            out.unlink()
+            merged["seqs"] += part["seqs"]
+            merged["lat"] += part["lat"]
+        return merged
+
+
 async def tell(process: asyncio.subprocess.Process, line: str) -> None:
     assert process.stdin is not None
     process.stdin.write((line + "\n").encode())
@@ -551,7 +669,7 @@ async def run_one(layer: str, n: int, world: World, args: argparse.Namespace) ->
     load_at_start = [round(v, 2) for v in os.getloadavg()]
     server_log = RESULTS_DIR / f"ws_fanout.server-{layer}-{n}.log"
     with server_log.open("w") as log:
-        server = start_server(layer, port, world, log, server_entry(args))
+        server = start_server(layer, port, world, log, server_entry(args), args.server_workers)
     try:
         boot_s = await wait_listening(server, port, timeout=60)
         channel_layer = make_layer(layer)
@@ -565,8 +683,7 @@ async def run_one(layer: str, n: int, world: World, args: argparse.Namespace) ->
         record.attach(agent, channel_layer)
         stop = asyncio.Event()
         publisher = asyncio.ensure_future(agent.run(stop))
-        out = Path(tempfile.mkstemp(prefix="ws_fanout-", suffix=".json")[1])
-        clients = await start_clients({
+        clients = await ClientProcesses.start(args.client_processes, {
             "url": f"ws://127.0.0.1:{port}/ws/gpu/?tenant={world.slug}",
             "origin": f"http://127.0.0.1:{port}",
             "cookie": world.cookie,
@@ -574,10 +691,9 @@ async def run_one(layer: str, n: int, world: World, args: argparse.Namespace) ->
             "concurrency": args.connect_concurrency,
             "deflate": not args.no_deflate,
             "ready_timeout": args.ready_timeout,
-            "out": str(out),
         })  # fmt: skip
         try:
-            ready = await hear(clients, timeout=args.ready_timeout + 30)
+            ready = await clients.hear(timeout=args.ready_timeout + 30)
             print(f"  server up in {boot_s:.1f}s; {ready['ready']}/{n} clients joined in "
                   f"{ready['connect_s']:.1f}s", flush=True)  # fmt: skip
             if ready["ready"] < n:
@@ -588,26 +704,23 @@ async def run_one(layer: str, n: int, world: World, args: argparse.Namespace) ->
             await asyncio.sleep(args.settle)
             redis_pid = redis_server_pid(settings.REDIS_URL)
             cpu0 = cpu_marks(server.pid, redis_pid)
-            await tell(clients, "start")
+            await clients.tell("start")
             t_start = time.time()
             profiler = start_profiler(server.pid, layer, n, args) if args.profile else None
             await asyncio.sleep(args.seconds)
             t_end = time.time()
             cpu1 = cpu_marks(server.pid, redis_pid)
             await asyncio.sleep(args.grace)  # the window's last samples are still on their way
-            await tell(clients, "stop")
-            done = await hear(clients, timeout=120)
+            await clients.tell("stop")
+            done = await clients.hear(timeout=120)
             profile = finish_profiler(profiler) if profiler else None
         finally:
             stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(publisher, timeout=10)
             await close_layer(channel_layer, layer)
-            with contextlib.suppress(ProcessLookupError):
-                await tell(clients, "stop")  # no-op when it already stopped
-            await end_clients(clients)
-        received = json.loads(out.read_text())
-        out.unlink()
+            await clients.end()
+        received = clients.received()
     finally:
         stop_process(server)
     result = analyse(layer, n, record.rows, received, t_start, t_end)
@@ -655,7 +768,7 @@ def redis_server_pid(url: str) -> int | None:
 def cpu_marks(server_pid: int, redis_pid: int | None) -> dict[str, float | None]:
     busy, steal = machine_cpu_s()
     return {
-        "server": proc_cpu_s(server_pid),
+        "server": tree_cpu_s(server_pid),
         "publisher": self_cpu_s(),
         "redis": proc_cpu_s(redis_pid) if redis_pid else None,
         "machine": busy,
@@ -675,8 +788,9 @@ def start_profiler(
         return None
     out = args.output.with_name(f"{args.output.stem}.{layer}-{n}.folded")
     process = subprocess.Popen(  # noqa: S603 (the venv's py-spy on our own child)
-        [str(spy), "record", "--pid", str(pid), "--duration", str(int(args.seconds)),
-         "--rate", "200", "--format", "raw", "--output", str(out), "--nonblocking"],
+        [str(spy), "record", "--pid", str(pid), "--subprocesses",
+         "--duration", str(int(args.seconds)), "--rate", "200", "--format", "raw",
+         "--output", str(out), "--nonblocking"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         preexec_fn=die_with_parent,  # noqa: PLW1509
@@ -968,6 +1082,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--settle", type=float, default=2.0, help="wait after all clients joined")
     parser.add_argument("--grace", type=float, default=3.0, help="wait after the window")
     parser.add_argument("--connect-concurrency", type=int, default=50)
+    parser.add_argument(
+        "--server-workers", type=int, default=1, help="uvicorn workers (portal.serve --workers)"
+    )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="processes the clients are split over (browsers have machines of their own)",
+    )
     parser.add_argument(
         "--max-others",
         type=float,

@@ -29,7 +29,6 @@ from django.db.models import (
     OuterRef,
     Q,
     Subquery,
-    Sum,
 )
 from django.db.models.functions import TruncWeek
 from django.utils import timezone
@@ -37,7 +36,8 @@ from django.utils import timezone
 from incidents.drills.models import DrillRun
 from incidents.models import Incident, Severity
 from serving.deployments.models import Deployment
-from serving.ops.models import Resolution, SliSample
+from serving.ops import selectors as ops_selectors
+from serving.ops.models import SliSample
 from tenants.models import Tenant
 
 ONSET_LOOKBACK = timedelta(minutes=15)
@@ -157,14 +157,8 @@ def availability(
 ) -> list[dict[str, Any]]:
     """Per live deployment of the tenant: request availability and incident-free time."""
     deployments = Deployment.objects.filter(tenant=tenant, deleted_at__isnull=True).order_by("name")
-    sums = {
-        r["deployment_id"]: r
-        for r in SliSample.objects.filter(
-            tenant=tenant, resolution=Resolution.MINUTE, end__gt=since, end__lte=now
-        )
-        .values("deployment_id")
-        .annotate(requests=Sum("requests"), errors=Sum("errors"))
-    }
+    # The SUM of every minute row's counts, taken from cumulative totals where it is exact.
+    sums = ops_selectors.window_request_totals(tenant=tenant, since=since, now=now)
     spans: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
     for row in rows:
         if row["is_drill"] or row["deployment_id"] is None:
@@ -174,8 +168,7 @@ def availability(
     window = (now - since).total_seconds()
     out = []
     for deployment in deployments.values("id", "name"):
-        counted = sums.get(deployment["id"]) or {}
-        requests, errors = int(counted.get("requests") or 0), int(counted.get("errors") or 0)
+        requests, errors = sums.get(deployment["id"], (0, 0))
         down = merged_seconds(spans.get(deployment["id"], []))
         out.append(
             {

@@ -3,6 +3,7 @@ from django.urls import path
 from incidents import breach_views, views
 from incidents.drills import views as drill_views
 from incidents.notifications import views as channel_views
+from incidents.rca import rule_views
 
 urlpatterns = [
     path("t/<slug:slug>/alerts/", breach_views.breaches_page, name="alerts"),
@@ -32,6 +33,28 @@ urlpatterns = [
         "t/<slug:slug>/notifications/<int:pk>/delete/",
         channel_views.channel_delete,
         name="notification-channel-delete",
+    ),
+    path(
+        "t/<slug:slug>/notifications/<int:pk>/test/",
+        channel_views.channel_test,
+        name="notification-channel-test",
+    ),
+    path("t/<slug:slug>/cause-rules/", rule_views.cause_rules_page, name="cause-rules"),
+    path(
+        "t/<slug:slug>/cause-rules/matches/",
+        rule_views.cause_rule_matches,
+        name="cause-rule-matches",
+    ),
+    path("t/<slug:slug>/cause-rules/<int:pk>/", rule_views.cause_rule_edit, name="cause-rule-edit"),
+    path(
+        "t/<slug:slug>/cause-rules/<int:pk>/switch/",
+        rule_views.cause_rule_switch,
+        name="cause-rule-switch",
+    ),
+    path(
+        "t/<slug:slug>/cause-rules/<int:pk>/delete/",
+        rule_views.cause_rule_delete,
+        name="cause-rule-delete",
     ),
     path("t/<slug:slug>/incidents/", views.incident_list_page, name="incident-list"),
     path("t/<slug:slug>/incidents/table/", views.incident_table, name="incident-table"),

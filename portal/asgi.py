@@ -17,6 +17,7 @@ from django.conf import settings  # noqa: E402
 
 from portal.bodylimit import BodyLimitMiddleware  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
+from portal.wsframes import keep_raw_send  # noqa: E402
 from serving.registry.artifacts import upload_body_limits  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -28,8 +29,8 @@ application = ProtocolTypeRouter(
             limits=upload_body_limits(),
             default=lambda: int(settings.REQUEST_BODY_MAX_BYTES),
         ),
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        "websocket": keep_raw_send(
+            AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
         ),
     }
 )

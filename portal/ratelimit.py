@@ -25,6 +25,7 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
+from redis.exceptions import NoScriptError
 
 # KEYS: bucket keys, then optionally the deny-marker key. ARGV: rate, capacity per bucket,
 # then how many tokens the caller wants. Returns {granted, wait_ms}; {-1, 0} for the marker.
@@ -171,6 +172,112 @@ def consume(buckets: list[Bucket], *, deny_marker: str | None = None) -> float:
             expires = time.monotonic() + settings.RATE_LIMIT_LEASE_MS / 1000.0
             _leases[lease_key] = [float(granted - 1), expires]
     return 0.0
+
+
+class Charge:
+    """A charge sent to Redis whose reply is read later: `charge_start()` writes the script call
+    and returns at once, the caller does its own work (building a query) while Redis answers,
+    and `result()` reads the verdict (what `consume` returns or raises). Nothing is admitted
+    before `result()`; a charge that is never read is dropped with its connection."""
+
+    __slots__ = ("_conn", "_buckets", "_marker", "_done", "_wait", "_denied")
+
+    def __init__(self, *, wait: float = 0.0, denied: str | None = None) -> None:
+        self._conn: Any = None
+        self._buckets: list[Bucket] = []
+        self._marker = denied
+        self._done = True
+        self._wait = wait
+        self._denied = denied is not None
+
+    @property
+    def pending(self) -> bool:
+        return not self._done
+
+    def result(self) -> float:
+        if not self._done:
+            self._read()
+        if self._denied:
+            raise Denied(self._marker)
+        return self._wait
+
+    def _read(self) -> None:
+        conn, self._conn, self._done = self._conn, None, True
+        pool = redis_client(settings.REDIS_URL).connection_pool
+        try:
+            reply = conn.read_response()
+        except NoScriptError:  # Redis restarted and forgot the script; the connection is fine
+            pool.release(conn)
+            _script_loaded.clear()
+            try:
+                self._wait = consume(self._buckets, deny_marker=self._marker)
+            except Denied:
+                self._denied = True
+            return
+        except BaseException:
+            conn.disconnect()
+            pool.release(conn)
+            raise
+        pool.release(conn)
+        granted, wait_ms = (int(v) for v in reply)
+        self._denied = granted < 0
+        self._wait = math.ceil(wait_ms) / 1000.0 if granted == 0 else 0.0
+
+    def drop(self) -> None:
+        """Forget an unread charge (its request failed before `result()`): the connection is
+        closed, so no later command reads this reply. The bucket stays charged."""
+        if self._done:
+            return
+        conn, self._conn, self._done = self._conn, None, True
+        conn.disconnect()
+        redis_client(settings.REDIS_URL).connection_pool.release(conn)
+
+
+def charge_start(buckets: list[Bucket], *, deny_marker: str | None = None) -> Charge:
+    """`consume`, split in two for strict (unleased) charges: send now, read with `result()`.
+
+    Leased and local answers (a marker set in this process, no buckets) come back settled; so
+    does a charge whose script is not loaded in Redis yet (sent through `consume`).
+    """
+    buckets = [b for b in buckets if b.rate_per_second > 0]
+    if deny_marker is not None and _local_markers.get(deny_marker, 0.0) > time.monotonic():
+        return Charge(denied=deny_marker)
+    if not buckets or lease_size(buckets) > 1:
+        try:
+            return Charge(wait=consume(buckets, deny_marker=deny_marker))
+        except Denied:
+            return Charge(denied=deny_marker)
+    script = _redis_script(settings.REDIS_URL)
+    if not _script_loaded.get(script.sha):
+        try:
+            wait = consume(buckets, deny_marker=deny_marker)  # EVALSHA, loading it on NOSCRIPT
+        except Denied:
+            return Charge(denied=deny_marker)
+        _script_loaded[script.sha] = True
+        return Charge(wait=wait)
+    keys = [_key(b.key) for b in buckets]
+    if deny_marker is not None:
+        keys.append(_key(deny_marker))
+    args: list[Any] = []
+    for bucket in buckets:
+        args.extend([bucket.rate_per_second, bucket.capacity])
+    args.append(1)
+    pool = redis_client(settings.REDIS_URL).connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    except BaseException:
+        conn.disconnect()
+        pool.release(conn)
+        raise
+    charge = Charge()
+    charge._conn, charge._buckets, charge._marker, charge._done = conn, buckets, deny_marker, False
+    return charge
+
+
+# Script digests this process has seen Redis run (a restarted Redis forgets them: the first
+# charge after that answers NOSCRIPT at `result()`, which clears this and charges again).
+_script_loaded: dict[str, bool] = {}
 
 
 def set_marker(name: str, ttl_s: int) -> None:

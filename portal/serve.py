@@ -2,7 +2,8 @@
 
 Access logs carry request paths (invitation links hold a secret), so they pass through the
 same RedactSecretsFilter as the portal's own logs; WebSocket messages are capped at
-WS_MAX_BYTES. Used by `manage.py up` and in production.
+WS_MAX_BYTES, and a message sent to many sockets is framed once per process
+(portal/wsframes.py). Used by `manage.py up` and in production.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--no-ws-deflate",
+        action="store_true",
+        help="do not offer permessage-deflate to WebSocket clients (frames go uncompressed)",
+    )
     args = parser.parse_args(argv)
     uvicorn.run(
         "portal.asgi:application",
@@ -60,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
         log_config=log_config(),
         access_log=not json_logs(),
         ws_max_size=ws_max_size(),
+        ws="portal.wsframes:SharedFrameProtocol",
+        ws_per_message_deflate=not args.no_ws_deflate,
     )
 
 

@@ -4,6 +4,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from portal import glance, health_urls, status_views
+from serving.deployments import pool_views
 from serving.registry import views as registry_views
 from serving.telemetry import metrics as metrics_views
 from tenants.views import ThrottledLoginView
@@ -31,6 +32,8 @@ urlpatterns = [
     path("livez", health_urls.livez, name="livez"),
     path("readyz", health_urls.readyz, name="readyz"),
     path("platform/status/", status_views.platform_status, name="platform-status"),
+    path("platform/pools/new/", pool_views.pool_edit, name="platform-pool-new"),
+    path("platform/pools/<int:pk>/", pool_views.pool_edit, name="platform-pool"),
     path("metrics", metrics_views.metrics, name="metrics"),
     path("metrics/rules", metrics_views.metrics_rules, name="metrics-rules"),
     # Replicas on any Ray node fetch a version's files here, by a URL the portal signed.

@@ -21,25 +21,50 @@ from tests.support.worlds import (  # noqa: F401 (re-exported: tests import them
 _TEST_DOMAINS = (".example", ".example.com", ".example.net", ".example.org", ".test")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group from the marker
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects and xdist reads the group marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test PYTEST_WORKERS=2`, `--dist loadgroup`) every Ray test runs in
-    one worker: those on the session's head, so one head serves them all, and those that start
-    heads of their own (benches, `make up`), so two Ray clusters never share the two cores (their
-    replicas then starve: canaries miss analyses, vLLM engines fail to load side by side). The
-    rest spread over both workers."""
-    if not hasattr(config, "workerinput"):  # not an xdist worker: the order stays as written
-        return
+    """Every test on the session's Ray head is a `ray` test, marked or not: `make test` runs the
+    tests without Ray on xdist workers (`-m "not ray"`), then the Ray tests in one process, so
+    a Ray head never shares the two cores with other tests (its replicas then starve: canaries
+    miss analyses, vLLM engines fail to load). Under xdist with Ray tests selected (`-n 2
+    --dist loadgroup` by hand) they all run in one worker, first, the rest beside them."""
     on_head = [
         item
         for item in items
         if "ray_cluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("ray")
     ]
     for item in on_head:
+        if item.get_closest_marker("ray") is None:
+            item.add_marker(pytest.mark.ray)
+    if not hasattr(config, "workerinput"):  # not an xdist worker: the order stays as written
+        return
+    for item in on_head:
         item.add_marker(pytest.mark.xdist_group("ray"))
     # The longest unit goes first, so the other worker's share runs beside it, not after it.
     grouped = {id(item) for item in on_head}
     items[:] = on_head + [item for item in items if id(item) not in grouped]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A vLLM engine that dies (EngineDeadError) logged why in its own process, whose lines
+    sit in the captured output that a CI excerpt cuts: the failure's one-line summary gets
+    the engine processes' last error lines too."""
+    outcome = yield
+    report = outcome.get_result()
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if not report.failed or crash is None or "EngineDeadError" not in crash.message:
+        return
+    from serving.engine.vllm.validate import ENGINE_REASON
+
+    said = [
+        line.strip()
+        for _, text in report.sections
+        for line in text.splitlines()
+        if ENGINE_REASON.search(line)
+    ]
+    if said:
+        crash.message += " | the engine's processes said: " + " / ".join(said[-4:])
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,7 +5,7 @@ own test_<db>_bench_<scenario> database and clears only its own portal-bench-<sc
 The figures' presence is checked (keys there, numbers finite), never their values: timing
 belongs to bench/, as ratios measured in the same run (docs: CONVENTIONS). Quick-mode runtimes
 on the 2-core VM: api_list ~6 s, engine ~6 s, prefix ~2 s, gpu_check ~2 s (simulated provider
-without a GPU), health_tick ~9 s, ws_fanout ~17 s, recovery ~2 s, artifacts ~13 s (16 MiB
+without a GPU), health_tick ~9 s, pages ~10 s, ws_fanout ~17 s, recovery ~2 s, artifacts ~13 s (16 MiB
 through the portal's ASGI server); with their own Ray head (marked `ray`): router ~24 s, rollback ~55 s
 (embedded PostgreSQL and Valkey), drills ~50 s, engines ~75 s (three vLLM engine loads),
 detection ~60 s (one run per SLI, the golden-prompt probe every 5 s)."""
@@ -68,6 +68,16 @@ FIGURES: dict[str, list[str]] = {
         "sizes.0.naive.p50_ms_per_deployment",
         "sizes.0.ratio_tick_to_naive",
         "sizes.0.sql.tick.queries",
+        "sizes.0.workers.2w_2s.p50_ms_per_deployment",
+        "sizes.0.workers.speedup_2_workers",
+    ],
+    "pages": [
+        "pages.shell.p95_ms",
+        "pages.home.p95_ms",
+        "pages.home.vs_shell_p95",
+        "pages.health series 7d.p95_ms",
+        "pages.deployments.queries",
+        "slowest.p95_ms",
     ],
     "ws_fanout": [
         "runs.0.latency_ms.p50",
@@ -91,6 +101,8 @@ FIGURES: dict[str, list[str]] = {
         "switch_portal_s.p50",
         "runs.0.reconcile_s",
         "modes.embedded.detection_s.p50",  # --quick runs on the embedded PostgreSQL and Valkey
+        "modes.embedded.shield_s.p50",  # with the breaker on: it shields, the rollback lands
+        "modes.embedded.landed_s.p50",
     ],
     "engines": [
         "engines.rows.0.builtin_tokens_per_s",
@@ -180,7 +192,7 @@ def run_quick(scenario: str, tmp_path: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "scenario",
-    ["api_list", "engine", "prefix", "health_tick", "ws_fanout", "artifacts", "recovery"],
+    ["api_list", "engine", "prefix", "health_tick", "pages", "ws_fanout", "artifacts", "recovery"],
 )
 def test_quick_bench(scenario: str, tmp_path: Path) -> None:
     run_quick(scenario, tmp_path)

@@ -60,6 +60,10 @@ def _pages(world: TenantWorld, incident: Incident) -> list[tuple[str, str]]:
         ("health", reverse("serving-deployment-health", kwargs=d)),
         ("contract", reverse("serving-deployment-contract", kwargs=d)),
         ("rollouts", reverse("serving-deployment-rollouts", kwargs=d)),
+        ("requests", reverse("serving-deployment-requests", kwargs=d)),
+        ("compare", reverse("serving-deployment-compare", kwargs=d)),
+        ("playground", reverse("serving-deployment-playground", kwargs=d)),
+        ("breaker", reverse("serving-deployment-breaker", kwargs=d)),
         ("models", reverse("serving-models", args=[slug])),
         ("model", reverse("serving-model", kwargs={"slug": slug, "pk": model.pk})),
         ("gpus", reverse("serving-gpus", args=[slug])),
@@ -71,6 +75,7 @@ def _pages(world: TenantWorld, incident: Incident) -> list[tuple[str, str]]:
         ("drills", reverse("drills", args=[slug])),
         ("drill-new", reverse("drill-new", args=[slug])),
         ("notifications", reverse("notification-channels", args=[slug])),
+        ("cause-rules", reverse("cause-rules", args=[slug])),
         ("members", reverse("tenant-members", args=[slug])),
         ("tokens", reverse("tenant-tokens", args=[slug])),
         ("audit", reverse("tenant-audit", args=[slug])),
@@ -78,6 +83,7 @@ def _pages(world: TenantWorld, incident: Incident) -> list[tuple[str, str]]:
         ("account", reverse("account-security")),
         ("password", reverse("password_change")),
         ("platform", reverse("platform-status")),  # the owner is staff in this test
+        ("pool-new", reverse("platform-pool-new")),
     ]
 
 

@@ -49,6 +49,14 @@ class Clients:
     def since(self, start: float) -> list[Answer]:
         return self.between(start, float("inf"))
 
+    def rate(self) -> float:
+        """Answers a second over the whole log (first sent to last answered)."""
+        with self.lock:
+            if len(self.log) < 2:
+                return 0.0
+            span = self.log[-1][1] - self.log[0][0]
+            return round(len(self.log) / span, 1) if span > 0 else 0.0
+
     def close(self) -> None:
         self.stop.set()
         for thread in self.threads:

@@ -39,10 +39,16 @@ def start_scheduled_drill(drill_id: int) -> int | None:
 
 @task(name="incidents.resume_drill_runs", queue="chaos", time_limit=30, idempotent=True)
 def resume_drill_runs() -> int:
-    """Beat, every 15 s: active runs whose step task died with a worker are stepped again."""
+    """Beat, every 15 s: active runs whose step task died with a worker are stepped again,
+    and the desired state is applied again: the dead worker may have held the reconcile of a
+    run's injection or revert (late-acked on Redis, it comes back only after the broker's
+    visibility timeout, an hour), and a run must not observe a fault that never went in."""
     from incidents.drills.selectors import runs_to_resume
+    from serving.deployments.tasks import reconcile
 
     ids = runs_to_resume()
+    if ids:
+        reconcile.delay()  # idempotent: the same desired state is a no-op
     for run_id in ids:
         advance_drill_run.delay(run_id)
     return len(ids)

@@ -141,7 +141,7 @@ def _tls_context() -> ssl.SSLContext:
 
 
 @dataclass(frozen=True)
-class _Answer:
+class Answer:
     code: int | None
     error: str  # empty on 2xx; never the receiver's body
     retryable: bool = False
@@ -154,33 +154,34 @@ def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text}"[:300]
 
 
-def _judge(code: int) -> _Answer:
+def _judge(code: int) -> Answer:
     if 200 <= code < 300:
-        return _Answer(code, "")
+        return Answer(code, "")
     if 300 <= code < 400:
-        return _Answer(code, f"HTTP {code}: redirects are not followed.")
-    return _Answer(code, f"HTTP {code}", retryable=code >= 500 or code == 429)
+        return Answer(code, f"HTTP {code}: redirects are not followed.")
+    return Answer(code, f"HTTP {code}", retryable=code >= 500 or code == 429)
 
 
-def _webhook_headers(delivery: NotificationDelivery, body: str) -> dict[str, str]:
+def webhook_headers(*, secret: str, delivery_id: str, body: str) -> dict[str, str]:
+    """The signed webhook's headers; X-Portal-Event is the body's `type`."""
     timestamp = str(int(time.time()))
     return {
         "X-Portal-Event": json.loads(body)["type"],
-        "X-Portal-Delivery": str(delivery.pk),
+        "X-Portal-Delivery": delivery_id,
         "X-Portal-Timestamp": timestamp,
-        "X-Portal-Signature": sign(delivery.channel.secret, timestamp, body),
+        "X-Portal-Signature": sign(secret, timestamp, body),
     }
 
 
-def _post(url: str, body: str, extra_headers: dict[str, str]) -> _Answer:
+def post(url: str, body: str, extra_headers: dict[str, str]) -> Answer:
     """POST the JSON body to one of the addresses checked for this attempt (no second
     lookup); the receiver's answer is judged by its status code alone, its body never read."""
     try:
         target = webhook_check(url)
     except netguard.Unresolvable as exc:  # DNS may come back: retried
-        return _Answer(None, f"not sent: {exc}", retryable=True)
+        return Answer(None, f"not sent: {exc}", retryable=True)
     except netguard.Refused as exc:
-        return _Answer(None, f"refused: {exc}")
+        return Answer(None, f"refused: {exc}")
     headers = {
         "Host": target.host_header,
         "Content-Type": "application/json",
@@ -188,7 +189,7 @@ def _post(url: str, body: str, extra_headers: dict[str, str]) -> _Answer:
         **extra_headers,
     }
     extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
-    failure = _Answer(None, "not sent: no address to connect to.", retryable=True)
+    failure = Answer(None, "not sent: no address to connect to.", retryable=True)
     with httpx.Client(
         verify=_tls_context(), trust_env=False, follow_redirects=False, timeout=TIMEOUT_S
     ) as client:
@@ -203,11 +204,11 @@ def _post(url: str, body: str, extra_headers: dict[str, str]) -> _Answer:
                 ) as response:
                     return _judge(response.status_code)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing sent: next one
-                failure = _Answer(None, _describe(exc), retryable=True)
+                failure = Answer(None, _describe(exc), retryable=True)
             except httpx.HTTPError as exc:
-                return _Answer(None, _describe(exc), retryable=True)
+                return Answer(None, _describe(exc), retryable=True)
             except httpx.InvalidURL as exc:
-                return _Answer(None, _describe(exc))
+                return Answer(None, _describe(exc))
     return failure
 
 
@@ -220,28 +221,24 @@ def _not_sendable(delivery: NotificationDelivery) -> str:
     return ""
 
 
-def _send_email(delivery: NotificationDelivery, f: formats.Facts) -> str:
-    subject, body = formats.email_message(f)
+def send_email(*, address: str, subject: str, body: str) -> str:
+    """Send one e-mail; the error ("" when sent)."""
     try:
-        send_mail(
-            subject=subject,
-            message=body,
-            from_email=None,
-            recipient_list=[delivery.channel.email],
-        )
+        send_mail(subject=subject, message=body, from_email=None, recipient_list=[address])
     except Exception as exc:  # SMTP and socket errors: retried like a 5xx
         return f"{type(exc).__name__}: {exc}"[:500]
     return ""
 
 
-def _send(delivery: NotificationDelivery) -> _Answer:
+def _send(delivery: NotificationDelivery) -> Answer:
     """One try of the channel's kind: the signed webhook, Slack's incoming webhook and
     PagerDuty's Events API go through the outbound-URL guard; e-mail through SMTP."""
     channel = delivery.channel
     f = formats.facts(delivery)
     if channel.kind == ChannelKind.EMAIL:
-        error = _send_email(delivery, f)
-        return _Answer(None, error, retryable=bool(error))
+        subject, text = formats.email_message(f)
+        error = send_email(address=channel.email, subject=subject, body=text)
+        return Answer(None, error, retryable=bool(error))
     if channel.kind == ChannelKind.SLACK:
         data = formats.slack_message(f)
     elif channel.kind == ChannelKind.PAGERDUTY:
@@ -250,8 +247,9 @@ def _send(delivery: NotificationDelivery) -> _Answer:
         data = formats.webhook_payload(delivery, f)
     body = json.dumps(data, sort_keys=True, separators=(",", ":"))
     if channel.kind == ChannelKind.WEBHOOK:
-        return _post(channel.url, body, _webhook_headers(delivery, body))
-    return _post(channel.url, body, {})
+        headers = webhook_headers(secret=channel.secret, delivery_id=str(delivery.pk), body=body)
+        return post(channel.url, body, headers)
+    return post(channel.url, body, {})
 
 
 def delivery_attempt(*, delivery_id: int) -> Outcome:

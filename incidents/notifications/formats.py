@@ -145,14 +145,14 @@ def email_message(f: Facts) -> tuple[str, str]:
     return cut(" ".join(subject.split()), 200), "\n".join(lines)
 
 
-def _mrkdwn(text: str) -> str:
+def mrkdwn(text: str) -> str:
     """Slack's three control characters escaped: a tenant's text never mentions @channel or
     turns into a link."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _field(label: str, value: str) -> dict[str, str]:
-    return {"type": "mrkdwn", "text": f"*{label}*\n{_mrkdwn(cut(value or '-', SLACK_FIELD_MAX))}"}
+    return {"type": "mrkdwn", "text": f"*{label}*\n{mrkdwn(cut(value or '-', SLACK_FIELD_MAX))}"}
 
 
 def slack_message(f: Facts) -> dict[str, Any]:
@@ -166,7 +166,7 @@ def slack_message(f: Facts) -> dict[str, Any]:
     context = f"Incident #{incident.pk} \u00b7 {incident.status} \u00b7 {event}"
     summary = f"{drill}[{severity}] #{incident.pk} {' '.join(incident.title.split())}"
     return {
-        "text": f"{_mrkdwn(cut(summary, SLACK_TEXT_MAX))} ({incident.status}): <{f.url}|open>",
+        "text": f"{mrkdwn(cut(summary, SLACK_TEXT_MAX))} ({incident.status}): <{f.url}|open>",
         "blocks": [
             {
                 "type": "header",
@@ -183,7 +183,7 @@ def slack_message(f: Facts) -> dict[str, Any]:
             },
             {
                 "type": "context",
-                "elements": [{"type": "mrkdwn", "text": _mrkdwn(cut(context, SLACK_CONTEXT_MAX))}],
+                "elements": [{"type": "mrkdwn", "text": mrkdwn(cut(context, SLACK_CONTEXT_MAX))}],
             },
             {
                 "type": "actions",

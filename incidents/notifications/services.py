@@ -38,7 +38,7 @@ MAX_CHANNELS = 20
 ROUTING_KEY = re.compile(r"[A-Za-z0-9]{32}")
 
 
-def _channel_snapshot(channel: NotificationChannel) -> dict[str, Any]:
+def channel_snapshot(*, channel: NotificationChannel) -> dict[str, Any]:
     # Never a secret (signing secret, routing key, a Slack URL's token): audit rows are
     # readable by every owner.
     snapshot = {"kind": channel.kind, **{name: getattr(channel, name) for name in CHANNEL_FIELDS}}
@@ -158,7 +158,7 @@ def notification_channel_create(
             actor=actor,
             action="notification_channel.created",
             obj=channel,
-            after=_channel_snapshot(channel),
+            after=channel_snapshot(channel=channel),
         )
     return channel, raw_secret
 
@@ -183,7 +183,7 @@ def notification_channel_update(
             _check_url(channel.kind, changes["url"])
     with transaction.atomic():
         locked = NotificationChannel.objects.select_for_update().get(pk=channel.pk, tenant=tenant)
-        before = _channel_snapshot(locked)
+        before = channel_snapshot(channel=locked)
         for name, value in changes.items():
             setattr(locked, name, value)
         if routing_key:
@@ -196,7 +196,7 @@ def notification_channel_update(
             action="notification_channel.changed",
             obj=locked,
             before=before,
-            after=_channel_snapshot(locked),
+            after=channel_snapshot(channel=locked),
         )
     return locked
 
@@ -211,6 +211,6 @@ def notification_channel_delete(
             actor=actor,
             action="notification_channel.deleted",
             obj=locked,
-            before=_channel_snapshot(locked),
+            before=channel_snapshot(channel=locked),
         )
         locked.delete()

@@ -1,7 +1,8 @@
 """Pages of notification channels: the tenant's channels with a form to add one (each kind's
 fields; errors next to the field they are about), a channel's edit form and its removal. A
 webhook's signing secret is shown once, on the page that created it; a PagerDuty routing key
-and a Slack webhook URL are never shown back in full."""
+and a Slack webhook URL are never shown back in full. Writers send a channel a test message
+(`sendtest`); its outcome shows after the redirect and stays in the channel's row."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 from incidents import selectors, services
 from incidents.models import Severity
 from incidents.notifications.models import ChannelKind, NotificationChannel
+from incidents.notifications.selectors import channel_last_tests
+from incidents.notifications.sendtest import notification_channel_test
 from portal.exceptions import PortalError
 from tenants.models import Scope, Tenant
 from tenants.pages import can_write, form_error, page_actor, tenant_page
@@ -96,10 +99,13 @@ def channels_page(request: HttpRequest, tenant: Tenant) -> HttpResponse:
             else:
                 created = {"channel": channel, "secret": secret}
                 form = ChannelForm()
+    last_tests = channel_last_tests(tenant=tenant)
     context = {
         "form": form,
         "created": created,
-        "channels": selectors.notification_channel_list(tenant=tenant),
+        "rows": [
+            (c, last_tests.get(c.pk)) for c in selectors.notification_channel_list(tenant=tenant)
+        ],
         "can_write": can_write(request),
     }
     return render(request, "incidents/notifications/channels.html", context)
@@ -137,4 +143,25 @@ def channel_delete(request: HttpRequest, tenant: Tenant, pk: int) -> HttpRespons
     )
     services.notification_channel_delete(tenant=tenant, actor=page_actor(request), channel=channel)
     messages.success(request, f"Channel {channel.name} removed.")
+    return redirect("notification-channels", slug=tenant.slug)
+
+
+@require_POST
+@tenant_page(Scope.WRITE)
+def channel_test(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
+    """Send the channel a test message now; the outcome shows on the channels page."""
+    channel = get_for_tenant(
+        selectors.notification_channel_list(tenant=tenant), tenant=tenant, pk=pk
+    )
+    try:
+        result = notification_channel_test(
+            tenant=tenant, actor=page_actor(request), channel=channel
+        )
+    except PortalError as exc:
+        messages.error(request, f"Test of {channel.name} not sent: {exc.message}")
+    else:
+        if result.ok:
+            messages.success(request, result.summary)
+        else:
+            messages.error(request, result.summary)
     return redirect("notification-channels", slug=tenant.slug)

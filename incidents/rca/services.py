@@ -1,7 +1,9 @@
-"""Cause rules (services): the tenant's own root-cause rules."""
+"""Cause rules (services): the tenant's own root-cause rules. The one check of a rule's fields
+(`_check_rule`), which the API and the cause-rules page both go through."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.db import transaction
@@ -18,6 +20,7 @@ RULE_FIELDS = ("symptom", "op", "threshold", "cause", "fix", "weight", "is_activ
 
 
 MAX_RULES = 200
+FIX_MAX = 2000
 
 
 def _check_rule(rule: CauseRule) -> None:
@@ -29,9 +32,16 @@ def _check_rule(rule: CauseRule) -> None:
         raise ValidationFailed(f"the {rule.op!r} rule needs a threshold.", field="threshold")
     if rule.op == RuleOp.TRUE:
         rule.threshold = None
+    if rule.threshold is not None and not math.isfinite(rule.threshold):
+        raise ValidationFailed("must be a finite number.", field="threshold")
     rule.cause = (rule.cause or "").strip()
     if not rule.cause:
         raise ValidationFailed("name the likely cause.", field="cause")
+    rule.fix = (rule.fix or "").strip()
+    if len(rule.fix) > FIX_MAX:
+        raise ValidationFailed(f"at most {FIX_MAX} characters.", field="fix")
+    if rule.weight is None or not math.isfinite(rule.weight):
+        raise ValidationFailed("must be a finite number from 0 to 10.", field="weight")
     clean_or_fail(rule, exclude=["tenant"])
 
 

@@ -12,7 +12,7 @@ from serving.dataplane import openai
 from serving.dataplane.breaker import CircuitBreaker
 from serving.dataplane.guard import Refused
 from serving.dataplane.handles import PoolSlot
-from serving.dataplane.lifecycle import COMPLETED, FAILED, Lifecycle
+from serving.dataplane.lifecycle import COMPLETED, FAILED, Lifecycle, requests_key
 
 _E = TypeVar("_E", bound=BaseException)
 
@@ -21,7 +21,7 @@ async def sse_events(
     kind: str,
     request_id: str,
     model: str,
-    breaker: CircuitBreaker,
+    breaker: tuple[CircuitBreaker, float],
     first: dict[str, Any],
     stream: Any,
     life: Lifecycle,
@@ -32,27 +32,40 @@ async def sse_events(
             if event["type"] == "token":
                 yield openai.chunk_event(kind, request_id, model, event["text"], None)
             elif event["type"] == "end":
+                life.answered(event)
                 yield openai.chunk_event(kind, request_id, model, "", event["finish_reason"])
         yield openai.DONE
-        breaker.record(True)
+        breaker[0].record(True, breaker[1])  # held against its time to the first event
         life.to(COMPLETED)
     except Exception as exc:
-        breaker.record(False)
-        life.to(FAILED, error=short_error(exc))
+        breaker[0].record(False)
         error = Refused(502, "upstream_error", f"model version failed: {short_error(exc)}")
+        # The client already has its 200: the failure is told in the stream.
+        life.to(FAILED, error=short_error(exc), status=200, code=error.code)
         yield f"data: {json.dumps(error.body())}\n\n".encode()
     finally:
+        if not life.done:  # the client went away mid-stream
+            life.to(FAILED, error="the client closed the stream", status=200, code="cancelled")
         if slot is not None:
             slot.release()
 
 
 async def publish_router(redis: Any, prefix: str, snapshot: dict[str, Any]) -> None:
-    """`<prefix>:router:<app>`: one JSON value per router replica (breakers, the last
-    request lifecycles with their timestamps)."""
-    key = f"{prefix}:router:{snapshot['app']}"
+    """`<prefix>:router:<app>`: one JSON value per router replica (breakers, tier, split);
+    its request lifecycles (`snapshot["requests"]`) go to `<prefix>:requests:<app>` in the
+    same round trip, so the health tick, which reads every router's state, never parses
+    them. Both expire unless refreshed."""
+    app, replica = snapshot["app"], snapshot["replica"]
+    state = {k: v for k, v in snapshot.items() if k != "requests"}
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.hset(key, snapshot["replica"], json.dumps(snapshot, separators=(",", ":")))
+        key = f"{prefix}:router:{app}"
+        pipe.hset(key, replica, json.dumps(state, separators=(",", ":")))
         pipe.expire(key, 10)
+        if "requests" in snapshot:
+            requests = {"replica": replica, "pid": snapshot.get("pid"), "at": snapshot.get("at")}
+            value = json.dumps({**requests, **snapshot["requests"]}, separators=(",", ":"))
+            pipe.hset(requests_key(prefix, app), replica, value)
+            pipe.expire(requests_key(prefix, app), 10)
         await pipe.execute()
 
 

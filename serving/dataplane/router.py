@@ -23,7 +23,7 @@ from serving.dataplane.answers import (
     unwrap_as,
     unwrap_refused,
 )
-from serving.dataplane.breaker import BreakerConfig, CircuitBreaker
+from serving.dataplane.breaker import BreakerConfig, CanaryBreaker, CircuitBreaker
 from serving.dataplane.faults import InjectedFault
 from serving.dataplane.guard import GuardConfig, Refused, check_lengths, parse_body
 from serving.dataplane.handles import PoolSlot, Retired, Retirements
@@ -32,6 +32,7 @@ from serving.dataplane.lifecycle import (
     COMPLETED,
     EXECUTING,
     FAILED,
+    REQUEST_ID,
     ROUTING,
     VALIDATING,
     Lifecycle,
@@ -49,12 +50,17 @@ from serving.dataplane.traffic import (
 from serving.dataplane.version import VersionCore
 
 LOCAL_SERVER = "serving.dataplane.version:VersionCore"
-MAX_REQUEST_ID = 128  # longer client ids are replaced by one of ours
 
 
 def import_object(path: str) -> Any:
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def _version_key(group: dict[str, Any]) -> str:
+    """A version's breaker key: its application and version (a canary promoted in place is
+    another key)."""
+    return f"{group.get('app')}@{group.get('version')}"
 
 
 @serve.deployment(name="router")
@@ -101,26 +107,41 @@ class Router:
         self.split.configure(config)
         self.tiers.configure(config.get("tiers"))
         self.guard = GuardConfig.from_dict(config.get("guard"))
-        breaker_config = BreakerConfig.from_dict(config.get("breaker"))
-        breakers = {}
+        self.breakers = self._breakers_for(config)
         for name, group in self.groups.items():
-            key = f"{group.get('app')}@{group.get('version')}"
-            current = self.breakers.get(key)
-            if current is None or current.config != breaker_config:
-                current = CircuitBreaker(breaker_config)
-            breakers[key] = current
             if group.get("local"):
                 self.handles[name] = (group["app"], None)
             elif name not in self.handles or self.handles[name][0] != group["app"]:
                 handle = serve.get_deployment_handle("version", app_name=group["app"])
                 self.handles[name] = (group["app"], handle)
-        self.breakers = breakers
         self.handles = {n: h for n, h in self.handles.items() if n in self.groups}
         self.retirements.keep(app for app, handle in self.handles.values() if handle is not None)
         slots = int(config.get("pool_slots") or 0)
         if slots != self._pool_slots:  # requests in flight give their slot back to the old gate
             self._pool_slots = slots
             self._pool_gate = asyncio.Semaphore(slots) if slots > 0 else None
+
+    def _breakers_for(self, config: dict[str, Any]) -> dict[str, CircuitBreaker]:
+        """A breaker per version (kept across reconfigures while its settings hold); the
+        canary's is held against the stable's at the canary's share of the traffic."""
+        groups = dict(config.get("groups") or {})
+        settings = BreakerConfig.from_dict(config.get("breaker"))
+        keys = {name: _version_key(group) for name, group in groups.items()}
+        breakers: dict[str, CircuitBreaker] = {}
+        for name in sorted(groups, key=lambda n: n != "stable"):  # the stable's first
+            current = self.breakers.get(keys[name])
+            canary = name == "canary" and "stable" in groups
+            kept = current is not None and current.config == settings
+            if current is None or not kept or canary != isinstance(current, CanaryBreaker):
+                current = CircuitBreaker(settings)
+                if canary:
+                    baseline = breakers[keys["stable"]]
+                    current = CanaryBreaker(settings, baseline=baseline, share=0.0)
+            if isinstance(current, CanaryBreaker):
+                current.baseline = breakers[keys["stable"]]
+                current.share = float(config.get("canary_percent", 0)) / 100
+            breakers[keys[name]] = current
+        return breakers
 
     def _blocked(self) -> Refused | None:
         """The platform's refusal of every request of this deployment, or None: a suspended
@@ -142,8 +163,7 @@ class Router:
             self.local.check_health()
 
     def _breaker(self, group: str) -> CircuitBreaker:
-        info = self.groups[group]
-        return self.breakers[f"{info.get('app')}@{info.get('version')}"]
+        return self.breakers[_version_key(self.groups[group])]
 
     async def __call__(self, request: Request) -> Response:
         """One request, in the router's span (a stream's ends with its last event)."""
@@ -172,9 +192,10 @@ class Router:
         recorded = tracing.ids(span) if span.is_recording() else None  # else: a span of ours
         trace = TraceContext(*recorded) if recorded else continue_trace(client_trace[0])
         # Serve's proxy assigns x-request-id and echoes it in the response itself. A client's
-        # own id is kept only when short: the version keys sequences by (tenant, id).
+        # own id is kept only when short and visible ASCII: the version keys sequences by
+        # (tenant, id), and the request inspector finds requests by it.
         request_id = request.headers.get("x-request-id") or ""
-        if not 0 < len(request_id) <= MAX_REQUEST_ID:
+        if not REQUEST_ID.match(request_id):
             request_id = f"req-{secrets.token_hex(8)}"
         headers = trace_headers(trace, client_trace[1])
         raw_key = bearer(request.headers.get("authorization"))
@@ -189,7 +210,7 @@ class Router:
         blocked = self._blocked()
         if path.rstrip("/") == "/v1/models" and request.method == "GET" and key_ok and not blocked:
             return JSONResponse(self._models(), headers=headers)
-        life = Lifecycle(request_id)
+        life = Lifecycle(request_id, trace_id=trace.trace_id)
         self.recent.add(life)
         # Bound once per request: a reconfigure (new split, canary gone) may land mid-request.
         breaker: CircuitBreaker | None = None
@@ -232,23 +253,27 @@ class Router:
             life.to(EXECUTING)
             model = str(self.config.get("deployment", "model"))
             slot = await PoolSlot.take(self._pool_gate if handle is not None else None)
+            started = time.monotonic()  # the version's time to answer (a stream's first event)
             try:
                 try:
                     answer, stream = await self._execute(group, payload, sampling["stream"])
-                except Retired:
-                    # Promoted or rolled back while this request waited for the canary: the
-                    # stable slot answers it (the canary's replicas are gone).
-                    if group != "canary" or "stable" not in self.groups:
-                        raise Refused(503, "no_version", "the version was retired") from None
+                except Exception as exc:
+                    # Promoted or rolled back while this request waited for the canary (its
+                    # replicas are gone), or a canary that never answered yet (Serve is still
+                    # bringing it up): the stable slot answers, nothing is held against it.
+                    if not self._to_stable(group, breaker, exc):
+                        raise
                     group = life.group = "stable"
                     breaker = self._breaker(group)
                     answer, stream = await self._execute(group, payload, sampling["stream"])
+                took = time.monotonic() - started
                 # Which weights answered (a replica mid-rollout may still hold the old ones).
                 sticky.version_headers(headers, group, self.config, answer)
+                life.answered(answer)
                 self.split.observe(client, group)
                 if stream is not None:
                     events = sse_events(
-                        kind, request_id, model, breaker, answer, stream, life, slot
+                        kind, request_id, model, (breaker, took), answer, stream, life, slot
                     )
                     slot.hand_to(events)
                     return StreamingResponse(
@@ -257,7 +282,7 @@ class Router:
             finally:
                 slot.release_unless_handed()
             text, reason, usage = answer["text"], answer["finish_reason"], answer["usage"]
-            breaker.record(True)
+            breaker.record(True, took)
             life.to(COMPLETED)
             return JSONResponse(
                 openai.completion_body(kind, request_id, model, text, reason, usage),
@@ -299,6 +324,19 @@ class Router:
         response = handle.complete.remote(payload)
         return await self.retirements.first(app, response, response), None
 
+    def _to_stable(self, group: str, breaker: CircuitBreaker, exc: Exception) -> bool:
+        """Does the stable slot answer a request the canary failed? Retired; or before the
+        canary's first answer, unless a drill injected the failure or the canary refused."""
+        if group != "canary" or "stable" not in self.groups:
+            if isinstance(exc, Retired):
+                raise Refused(503, "no_version", "the version was retired") from None
+            return False
+        if isinstance(exc, Retired):
+            return True
+        starting = isinstance(breaker, CanaryBreaker) and breaker.first_answer_at is None
+        injected = unwrap_as(exc, InjectedFault) is not None
+        return starting and not injected and unwrap_refused(exc) is None
+
     def _local(self) -> VersionCore:
         if self.local is None:
             raise Refused(503, "no_version", "this router serves no version in-process")
@@ -306,7 +344,7 @@ class Router:
 
     def _fail(self, life: Lifecycle, exc: Refused, headers: dict[str, str]) -> Response:
         if not life.done:
-            life.to(FAILED, error=exc.message)
+            life.to(FAILED, error=exc.message, status=exc.status, code=exc.code)
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     def _route(self, requested: str | None) -> str:
@@ -343,7 +381,7 @@ class Router:
             "pid": os.getpid(),
             "breakers": {n: self._breaker(n).snapshot() for n in self.groups},
             "tier": self.tiers.snapshot(),
-            "recent": self.recent.snapshot()[-50:],
+            "requests": self.recent.snapshot(),  # published apart (answers.publish_router)
             "split": self.split.snapshot(),
             "config_digest": hashlib.sha256(repr(sorted(self.config)).encode()).hexdigest()[:12],
         }

@@ -164,7 +164,7 @@ class VersionCore(WeightLoading):
         prompt_ids = self.tokenizer.encode(prompt).ids
         sampling = request["sampling"]
         guard = GuardConfig.from_dict(request.get("guard"))
-        ok, first_at, times, out_ids, queued = False, None, [], [], None
+        ok, first_at, times, out_ids, queued, hits = False, None, [], [], None, None
         submitted: float | None = None
         refused: Refused | None = None
         cancelled = False
@@ -190,6 +190,7 @@ class VersionCore(WeightLoading):
                 "version": self.loaded.get("version"),
                 "fingerprint": self.loaded.get("fingerprint"),
                 "pid": os.getpid(),
+                "replica": self.recorder.replica,
             }
             text = ""  # what was sent; a stop sequence's possible start is held back
             reason = None
@@ -201,6 +202,9 @@ class VersionCore(WeightLoading):
                     times.append(event.at)
                     first_at = first_at or event.at
                     queued = queued if queued is not None else getattr(event, "queued_s", None)
+                # The engine's prefix-cache hit for this request (built-in: on the first token;
+                # vLLM: on the last), or None where the engine does not say.
+                hits = hits if hits is not None else getattr(event, "cached_tokens", None)
                 full = self.tokenizer.decode(out_ids)
                 if full.endswith("\ufffd") and not event.finished:
                     continue
@@ -221,6 +225,7 @@ class VersionCore(WeightLoading):
                     "completion_tokens": len(out_ids),
                     "total_tokens": len(prompt_ids) + len(out_ids),
                 },
+                "prefix_hit_tokens": hits,
             }
         except Refused as exc:
             refused = exc
@@ -305,7 +310,7 @@ class VersionCore(WeightLoading):
                 start = event
             else:
                 end = event
-        served = {k: start.get(k) for k in ("version", "fingerprint", "pid")}
+        served = {k: start.get(k) for k in ("version", "fingerprint", "pid", "replica")}
         return {**end, "text": text, **served}
 
     async def _inject_faults(self) -> None:

@@ -85,7 +85,7 @@ def replica_asks(spec: Mapping[str, Any] | None) -> list[dict[str, float]]:
     return [dict(one) for _ in range(count * slots)]
 
 
-def _grows(before: Sequence[Mapping[str, float]], after: Sequence[Mapping[str, float]]) -> bool:
+def grows(before: Sequence[Mapping[str, float]], after: Sequence[Mapping[str, float]]) -> bool:
     for resource in RESOURCES:
         if sum(a[resource] for a in after) > sum(b[resource] for b in before) + _EPSILON:
             return True
@@ -95,7 +95,7 @@ def _grows(before: Sequence[Mapping[str, float]], after: Sequence[Mapping[str, f
     return False
 
 
-def _held(deployment: Deployment, current: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+def held_by(deployment: Deployment, current: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     """Per node, what the deployment's running replicas hold (its current revision's asks)."""
     revision = deployment.current_revision
     asks = replica_asks(current)
@@ -144,12 +144,12 @@ def check_fits(
     what it holds."""
     want = replica_asks(spec)
     before = replica_asks(current)
-    if not _grows(before, want):
+    if not grows(before, want):
         return
     cluster = cluster_capacity()
     if cluster is None or cluster.autoscales:
         return
-    held = _held(deployment, current) if deployment is not None and current is not None else {}
+    held = held_by(deployment, current) if deployment is not None and current is not None else {}
     short = place_replicas(cluster, want, held=held)
     if short is not None:
         raise NoCapacity(

@@ -1,15 +1,18 @@
-"""What a new deployment would cost before it is made (issue 19, item 3): its replicas, GPUs
-and KV blocks against what the tenant's other live deployments hold and its quota, and
-whether the cluster as it is can place its replicas. Read-only: the same spec cleaning,
-usage rule and placement as `deployment_create` (check_quota, capacity.check_fits), without
-writing anything; a setting that would be refused comes back as that refusal."""
+"""What a deployment or a change would cost before it is made (issue 19, item 3): its
+replicas, GPUs and KV blocks against what the tenant's other live deployments hold and its
+quota, and whether the cluster as it is can place its replicas. Read-only: the same spec
+cleaning, usage rule and placement as `deployment_create` and `deployment_change`
+(check_quota, capacity.check_fits), without writing anything; a setting that would be
+refused comes back as that refusal."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from portal.exceptions import ConflictError
 from serving.deployments import capacity
-from serving.deployments.models import KvMode
+from serving.deployments.models import Deployment, KvMode
+from serving.deployments.services.revisions import changed_spec
 from serving.deployments.services.spec import live_deployments, new_deployment_spec, spec_usage
 from serving.registry.selectors import version_get_deployable
 from tenants.models import Quota, Tenant
@@ -28,22 +31,45 @@ def new_deployment_cost(
     raise for a setting that makes no sense (ValidationFailed naming the field)."""
     version = version_get_deployable(tenant=tenant, version_id=version_id, field="version")
     spec = new_deployment_spec(tenant=tenant, version=version, settings=settings, key_hashes=[])
+    return _cost(tenant=tenant, spec=spec, deployment=None)
+
+
+def deployment_change_cost(
+    *, tenant: Tenant, deployment: Deployment, changes: dict[str, Any]
+) -> dict[str, Any]:
+    """The preview of `deployment_change(changes=...)` (scale, canary): what the deployment
+    holds now and after, against its quota with the other deployments, and whether the
+    cluster can place what it adds."""
+    current = deployment.current_revision
+    if current is None:
+        raise ConflictError("this deployment has no revision.", field="deployment")
+    spec = changed_spec(tenant=tenant, current=current, changes=changes)
+    return _cost(tenant=tenant, spec=spec, deployment=deployment)
+
+
+def _cost(*, tenant: Tenant, spec: dict[str, Any], deployment: Deployment | None) -> dict[str, Any]:
     quota = Quota.objects.get(tenant=tenant)
     others = {key: 0.0 for key, _, _ in RESOURCES}
     live = list(live_deployments(tenant=tenant).select_related("current_revision"))
+    current = deployment.current_revision if deployment is not None else None
+    before = spec_usage(spec=current.spec()) if current is not None else None
     for other in live:
-        if other.current_revision is not None:
+        if other.current_revision is not None and other != deployment:
             for key, value in spec_usage(spec=other.current_revision.spec()).items():
                 others[key] += value
     this = spec_usage(spec=spec)
-    rows = [_row("deployments", "Deployments", 1, len(live), quota.max_deployments)]
+    count = len(live) - (1 if deployment is not None else 0)
+    rows = [_row("deployments", "Deployments", 1, count, quota.max_deployments)]
     for key, label, limit_name in RESOURCES:
         rows.append(_row(key, label, this[key], others[key], int(getattr(quota, limit_name))))
+        rows[-1]["before"] = before[key] if before is not None else None
+    rows[0]["before"] = 1 if before is not None else None
     return {
         "rows": rows,
         "fits_quota": not any(r["over"] for r in rows),
-        "cluster": _placement(spec),
+        "cluster": _placement(spec, current.spec() if current is not None else None, deployment),
         "shared": spec["kv_mode"] == KvMode.SHARED,
+        "change": deployment is not None,
     }
 
 
@@ -62,17 +88,23 @@ def _row(key: str, label: str, this: float, others: float, limit: int) -> dict[s
     }
 
 
-def _placement(spec: dict[str, Any]) -> dict[str, Any]:
-    """Whether the cluster as it is can place the replicas: known, fits, and Ray's words."""
+def _placement(
+    spec: dict[str, Any], current: dict[str, Any] | None, deployment: Deployment | None
+) -> dict[str, Any]:
+    """Whether the cluster as it is can place the replicas (those of `current`, the revision
+    a change replaces, given back): known, fits, and Ray's words."""
     asks = capacity.replica_asks(spec)
     if not asks:
         return {"known": True, "fits": True, "said": "a shared pool's replicas are the platform's"}
+    if current is not None and not capacity.grows(capacity.replica_asks(current), asks):
+        return {"known": True, "fits": True, "said": "it asks for no more than it holds now"}
     cluster = capacity.cluster_capacity()
     if cluster is None:
         return {"known": False, "fits": None, "said": "Ray cannot say right now"}
     if cluster.autoscales:
         return {"known": True, "fits": True, "said": "the cluster autoscales: it waits for a node"}
-    short = capacity.place_replicas(cluster, asks, held={})
+    held = capacity.held_by(deployment, current) if deployment and current else {}
+    short = capacity.place_replicas(cluster, asks, held=held)
     if short is not None:
         return {"known": True, "fits": False, "said": short.describe()}
     return {"known": True, "fits": True, "said": "the cluster as it is can place its replicas"}

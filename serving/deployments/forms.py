@@ -230,6 +230,14 @@ class CanaryForm(forms.Form):
         name = self.cleaned_data.get("engine") or ""
         return {"name": name} if name else None
 
+    def changes(self) -> dict[str, Any]:
+        """The change as `deployment_change` takes it (what the cost preview weighs)."""
+        return {
+            "canary_version": self.cleaned_data["version"].pk,
+            "canary_percent": self.cleaned_data["percent"],
+            "canary_engine": self.canary_engine(),
+        }
+
     def error_field(self, field: str | None) -> str | None:
         field = {"canary_version": "version", "canary_percent": "percent"}.get(field or "", field)
         if field and field.startswith("canary_engine"):

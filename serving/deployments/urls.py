@@ -2,11 +2,16 @@
 
 from django.urls import path
 
-from serving.deployments import cost_views, pool_views, views
+from serving.deployments import breaker_views, cost_views, pool_views, views
 
 urlpatterns = [
     path("deployments/", views.deployments_page, name="serving-deployments"),
     path("deployments/cost/", cost_views.deployment_cost, name="serving-deployment-cost"),
+    path(
+        "deployments/<int:pk>/cost/<slug:form>/",
+        cost_views.deployment_change_cost,
+        name="serving-deployment-change-cost",
+    ),
     path("pools/", pool_views.pools_page, name="serving-pools"),
     path("deployments/<int:pk>/", views.deployment_page, name="serving-deployment"),
     path(
@@ -38,6 +43,16 @@ urlpatterns = [
         "deployments/<int:pk>/delete/",
         views.deployment_delete,
         name="serving-deployment-delete",
+    ),
+    path(
+        "deployments/<int:pk>/breaker/",
+        breaker_views.breaker_page,
+        name="serving-deployment-breaker",
+    ),
+    path(
+        "deployments/<int:pk>/breaker/live/",
+        breaker_views.breaker_live_panel,
+        name="serving-deployment-breaker-live",
     ),
     path(
         "deployments/<int:pk>/keys/",

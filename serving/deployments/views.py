@@ -40,7 +40,7 @@ def ready_versions(tenant: Tenant) -> QuerySet[ModelVersion]:
     )
 
 
-def _canary_versions(tenant: Tenant, deployment: Deployment) -> QuerySet[ModelVersion]:
+def canary_versions(tenant: Tenant, deployment: Deployment) -> QuerySet[ModelVersion]:
     """Ready versions a canary may run: any but the stable one."""
     revision = deployment.current_revision
     versions = ready_versions(tenant)
@@ -193,7 +193,7 @@ def _deployment_page(
         ),
         "canary_form": canary_form
         or forms.CanaryForm(
-            versions=_canary_versions(tenant, deployment),
+            versions=canary_versions(tenant, deployment),
             initial={
                 "version": revision.canary_version_id if revision else None,
                 "percent": 10 if percent is None else percent,
@@ -274,7 +274,7 @@ def deployment_scale(request: HttpRequest, tenant: Tenant, pk: int) -> HttpRespo
 def deployment_canary(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
     deployment = deployment_selectors.deployment_get(tenant=tenant, pk=pk)
     before = deployment.current_revision_id
-    form = forms.CanaryForm(request.POST, versions=_canary_versions(tenant, deployment))
+    form = forms.CanaryForm(request.POST, versions=canary_versions(tenant, deployment))
     if form.is_valid():
         try:
             deployments.deployment_set_canary(

@@ -70,6 +70,7 @@ class TokenEvent:
     finish_reason: str | None
     at: float
     queued_s: float | None = None  # on the first token: submitted until first scheduled
+    cached_tokens: int | None = None  # prompt tokens found in the prefix cache, said once
 
 
 class EngineFailed(Exception):
@@ -143,7 +144,12 @@ class AsyncEngine:
                         self._deliver(
                             out.key,
                             TokenEvent(
-                                out.token_id, out.finished, out.finish_reason, now, out.queued_s
+                                out.token_id,
+                                out.finished,
+                                out.finish_reason,
+                                now,
+                                out.queued_s,
+                                out.cached_tokens,
                             ),
                         )
             if not busy:

@@ -236,15 +236,17 @@ class Engine(Scheduler):
                     token = self._sample(seq, logits[row])
                 seq.output_ids.append(token)
                 seq.token_times.append(now)
-                queued = None
+                queued, cached = None, None
                 if seq.first_token_at is None:
                     seq.first_token_at = now
-                    queued = (seq.scheduled_at or now) - seq.arrival
+                    queued, cached = (seq.scheduled_at or now) - seq.arrival, seq.cached_tokens
                 reason = self._stop_reason(seq, token)
                 if reason is not None:
                     self._finish(seq, reason)
                 outputs.append(
-                    StepOutput(seq.id, token, reason is not None, reason, seq.tenant, queued)
+                    StepOutput(
+                        seq.id, token, reason is not None, reason, seq.tenant, queued, cached
+                    )
                 )
         return outputs
 

@@ -107,6 +107,7 @@ class StepOutput:
     finish_reason: str | None
     tenant: str = "default"
     queued_s: float | None = None  # on a sequence's first token: arrival until scheduled
+    cached_tokens: int | None = None  # on its first token: prompt tokens found in the cache
 
     @property
     def key(self) -> tuple[str, str]:

@@ -154,3 +154,32 @@ class RolloutStartForm(forms.Form):
     def __init__(self, *args: Any, versions: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["version"].queryset = versions  # type: ignore[attr-defined]
+
+
+class PlaygroundForm(forms.Form):
+    """A playground run's shape; serving.ops.playground checks the deployment's bounds."""
+
+    kind = forms.ChoiceField(
+        choices=[("completion", "Completion"), ("chat", "Chat (one user message)")],
+        initial="completion",
+    )
+    prompt = forms.CharField(
+        strip=False,
+        error_messages={"required": "Write a prompt."},
+        widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
+    )
+    max_tokens = forms.IntegerField(label="Max tokens", initial=32)
+    temperature = forms.FloatField(initial=0.0)
+    arm = forms.ChoiceField(
+        label="Arm",
+        choices=[("stable", "Stable"), ("canary", "Canary"), ("both", "Both, side by side")],
+        initial="stable",
+        widget=forms.RadioSelect,
+    )
+
+    def __init__(self, *args: Any, max_prompt_chars: int, max_tokens: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Hints for the browser; the service enforces the same bounds.
+        self.fields["prompt"].widget.attrs["maxlength"] = str(max_prompt_chars)
+        self.fields["max_tokens"].widget.attrs.update({"min": "1", "max": str(max_tokens)})
+        self.fields["temperature"].widget.attrs.update({"min": "0", "max": "2", "step": "0.1"})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 
 from portal.celery import task
@@ -11,7 +13,27 @@ from serving.control.serve_api import ServeApiError
 @task(name="serving.health_tick", queue="health", time_limit=30)
 def health_tick() -> dict[str, object]:
     """Probe, read the replicas' SLI counters, store and evaluate them against the contracts,
-    act on breaches, advance rollouts (beat, every HEALTH_TICK_S)."""
+    act on breaches, advance rollouts (beat, every HEALTH_TICK_S). With HEALTH_SHARDS > 1,
+    one `health_tick_shard` task per shard instead, all at this tick's time, for whichever
+    health workers are free (a message a tick late finds nothing due: it expires)."""
+    import time
+
+    shards = max(1, int(settings.HEALTH_SHARDS))
+    if shards == 1:
+        report: dict[str, object] = health_tick_shard(0, 1)
+        return report
+    now = time.time()
+    beat: dict[str, Any] = settings.CELERY_BEAT_SCHEDULE["health-tick"]
+    expires = 5 * float(beat["schedule"])
+    for shard in range(shards):
+        health_tick_shard.apply_async((shard, shards, now), expires=expires)
+    return {"shards": shards, "at": now}
+
+
+@task(name="serving.health_tick_shard", queue="health", time_limit=30)
+def health_tick_shard(shard: int, shards: int, now: float | None = None) -> dict[str, object]:
+    """One shard's health tick (deployments `pk % shards == shard`) under its lease: skipped
+    while another worker ticks that shard; a dead worker's shard is free LEASE_S later."""
     from serving.control.cluster import ray_target_from_env
     from serving.ops import health
 
@@ -19,7 +41,12 @@ def health_tick() -> dict[str, object]:
         serve_url: str | None = ray_target_from_env().serve_url
     except Exception:  # no cluster configured: SLIs and contracts still evaluate
         serve_url = None
-    return health.tick(serve_url=serve_url if settings.HEALTH_PROBES else None)
+    return health.tick(
+        now=now,
+        serve_url=serve_url if settings.HEALTH_PROBES else None,
+        shard=shard,
+        shards=shards,
+    )
 
 
 @task(

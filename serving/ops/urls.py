@@ -3,7 +3,9 @@
 from django.urls import path
 
 from serving.ops.views import checks as check_views
+from serving.ops.views import compare
 from serving.ops.views import health as ops_views
+from serving.ops.views import playground as playground_views
 from serving.ops.views import rollouts as rollout_views
 from serving.ops.views import traffic as traffic_views
 
@@ -77,6 +79,16 @@ urlpatterns = [
         "deployments/<int:pk>/split/",
         traffic_views.split_panel,
         name="serving-deployment-split",
+    ),
+    path(
+        "deployments/<int:pk>/playground/",
+        playground_views.playground_page,
+        name="serving-deployment-playground",
+    ),
+    path(
+        "deployments/<int:pk>/compare/",
+        compare.compare_page,
+        name="serving-deployment-compare",
     ),
     # A version's golden prompts and checks (ops reads the contract; the registry's URL shape).
     path(

@@ -120,16 +120,37 @@ def interpolated_quantile(histogram: Sequence[int], bounds: Sequence[float], q: 
     return float(bounds[-1])
 
 
+def _pstdev(values: Sequence[float], mean: float) -> float:
+    """Population standard deviation in floats (math.fsum): statistics.pstdev's exact
+    fractions cost ~180 us for 60 values, and a 10,000-deployment tick takes tens of thousands
+    of them each time its slots close a point. A non-finite value gives NaN."""
+    value = math.sqrt(math.fsum((x - mean) * (x - mean) for x in values) / len(values))
+    if math.isfinite(value):
+        return value
+    if not all(math.isfinite(x) for x in values):
+        return math.nan
+    return statistics.pstdev(values)  # finite values whose squares go beyond a float
+
+
+def _fmean(values: Sequence[float]) -> float:
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:  # beyond a float on the way: exact fractions
+        return float(statistics.mean(values))
+    except ValueError:  # inf and -inf
+        return math.nan
+
+
 def spread(values: Sequence[float]) -> float:
     """Population standard deviation; 0 for fewer than two values."""
-    return statistics.pstdev(values) if len(values) >= 2 else 0.0
+    return _pstdev(values, _fmean(values)) if len(values) >= 2 else 0.0
 
 
 def coefficient_of_variation(values: Sequence[float]) -> float | None:
     if len(values) < 2:
         return None
-    mean = statistics.fmean(values)
-    return None if mean <= 0 else statistics.pstdev(values) / mean
+    mean = _fmean(values)
+    return None if mean <= 0 else _pstdev(values, mean) / mean
 
 
 def slope_per_minute(points: Sequence[tuple[float, float]]) -> float | None:
@@ -186,7 +207,7 @@ def coverage(critical: Sequence[str], collected: Sequence[str]) -> dict[str, Any
     return {"value": value, "critical": wanted, "missing": missing}
 
 
-def _within(series: Sequence[Mapping[str, Any]], now: float, window: float) -> list[Any]:
+def within(series: Sequence[Mapping[str, Any]], now: float, window: float) -> list[Any]:
     return [p for p in series if float(p.get("t", 0)) > now - window]
 
 
@@ -202,7 +223,14 @@ def series_value(
     reason: str | None = None,
 ) -> tuple[float | None, str]:
     """The value of a windowed signal SLI over the last `window` seconds, and a why-None."""
-    points = _within(series, now, window)
+    return points_value(sli, within(series, now, window), reason)
+
+
+def points_value(
+    sli: str, points: Sequence[Mapping[str, Any]], reason: str | None = None
+) -> tuple[float | None, str]:
+    """series_value over points already cut to the window (`within`): a tick that computes
+    several SLIs over one window cuts it once."""
     if not points:
         return None, "no samples yet"
     if sli in ("latency_p99_jitter", "ttft_jitter"):

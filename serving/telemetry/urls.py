@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from serving.telemetry import request_views
 from serving.telemetry import views as gpu_views
 
 urlpatterns = [
@@ -13,4 +14,9 @@ urlpatterns = [
     ),
     path("gpus/memory/", gpu_views.gpu_memory, name="serving-gpus-memory"),
     path("gpus/history/", gpu_views.gpu_history, name="serving-gpus-history"),
+    path(
+        "deployments/<int:pk>/requests/",
+        request_views.deployment_requests,
+        name="serving-deployment-requests",
+    ),
 ]

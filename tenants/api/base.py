@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from django.core.validators import slug_re
+from django.db import connection
 from django.db.models import Model, QuerySet
-from rest_framework import exceptions, generics, viewsets
+from rest_framework import exceptions, generics, mixins, viewsets
 from rest_framework.request import Request
 
 from portal import ratelimit
@@ -94,13 +95,57 @@ class TenantScopedMixin:
     contextless_actions: ClassVar[frozenset[str]] = frozenset()
     ctx: TenantContext
 
+    # A strict limiter charge whose Redis reply is still in flight, and whether `dispatch`
+    # installed the gate that reads it before any SQL query.
+    _charge: ratelimit.Charge | None = None
+    _gated = False
+
+    def _defers_rate_limit(self, request: Request) -> bool:
+        """A stock list (GET): its handler only builds a query, runs it and serialises the
+        rows, so the limiter's reply may be read at its first SQL query (or at the response,
+        whichever comes first) instead of before the handler: the round trip overlaps the
+        query building, and nothing reaches the database before the verdict."""
+        return (
+            self._gated
+            and getattr(self, "action", None) == "list"
+            and getattr(type(self), "list", None) is mixins.ListModelMixin.list
+        )
+
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if request.method not in ("GET", "HEAD"):
+            return super().dispatch(request, *args, **kwargs)  # type: ignore[misc]
+        self._gated = True
+        try:
+            with connection.execute_wrapper(self._settle_before_sql):
+                return super().dispatch(request, *args, **kwargs)  # type: ignore[misc]
+        finally:
+            charge, self._charge = self._charge, None
+            if charge is not None:
+                charge.drop()
+
+    def _settle_before_sql(self, execute: Any, sql: Any, params: Any, many: bool, ctx: Any) -> Any:
+        if self._charge is not None:
+            self.settle_rate_limit()
+        return execute(sql, params, many, ctx)
+
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._charge is not None:  # no SQL ran: the verdict still decides the answer
+            try:
+                self.settle_rate_limit()
+            except exceptions.APIException as exc:
+                response = self.handle_exception(exc)  # type: ignore[attr-defined]
+        return super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
+
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
         if getattr(self, "action", None) in self.contextless_actions and request.auth is None:
             return
         self.ctx = resolve_context(request)
         self.check_scope(self.ctx)
-        self.check_rate_limit(self.ctx)
+        if self._defers_rate_limit(request):
+            self._charge = self.start_rate_limit(self.ctx)
+        else:
+            self.check_rate_limit(self.ctx)
 
     def required_scope(self) -> str:
         name = getattr(self, "action", None) or self.request.method.lower()  # type: ignore[attr-defined]
@@ -120,9 +165,9 @@ class TenantScopedMixin:
                 f"This needs the '{needed}' scope; your {who} lacks it."
             )
 
-    def check_rate_limit(self, ctx: TenantContext) -> None:
-        """Charge the tenant's (and token's) bucket; for tokens, check revocation in the same
-        Redis round trip."""
+    def start_rate_limit(self, ctx: TenantContext) -> ratelimit.Charge:
+        """Send the charge of the tenant's (and token's) bucket; for tokens, the revocation
+        check rides in the same Redis round trip. `settle_rate_limit` reads the verdict."""
         token = ctx.token
         rps = getattr(token, "tenant_rps", None) if token is not None else None
         if rps is None:
@@ -135,12 +180,23 @@ class TenantScopedMixin:
                 buckets.append(
                     ratelimit.Bucket(f"token:{token.pk}", float(token.rate_limit_per_second))
                 )
+        return ratelimit.charge_start(buckets, deny_marker=marker)
+
+    def settle_rate_limit(self, charge: ratelimit.Charge | None = None) -> None:
+        if charge is None:
+            charge, self._charge = self._charge, None
+        if charge is None:
+            return
         try:
-            wait = ratelimit.consume(buckets, deny_marker=marker)
+            wait = charge.result()
         except ratelimit.Denied:
             raise exceptions.AuthenticationFailed("This token has been revoked.") from None
         if wait > 0:
             raise RateLimited(wait=wait)
+
+    def check_rate_limit(self, ctx: TenantContext) -> None:
+        """Charge the tenant's (and token's) bucket and read the verdict now."""
+        self.settle_rate_limit(self.start_rate_limit(ctx))
 
 
 class TenantScopedViewSet(TenantScopedMixin, viewsets.GenericViewSet):  # type: ignore[type-arg]

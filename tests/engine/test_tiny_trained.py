@@ -32,7 +32,7 @@ PRINTABLE = set(string.ascii_letters + " .,:;!?'")
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[int, TrainResult]:
     root = tmp_path_factory.mktemp("trained")
-    return {v: train(root / f"v{v}", variant=v, seed=0, seconds=25.0) for v in (1, 2)}
+    return {v: train(root / f"v{v}", variant=v, seed=0, seconds=120.0) for v in (1, 2)}
 
 
 def _answer(directory: Path, prompt: str, max_tokens: int = 12) -> tuple[str, str | None]:

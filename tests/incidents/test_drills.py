@@ -6,6 +6,7 @@ the revert, the verdict and the resilience score; aborts by condition and by han
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -244,6 +245,26 @@ def test_runs_nobody_stepped_are_resumed(world_a: TenantWorld) -> None:
     assert drill_selectors.runs_to_resume(later) == [run.pk]
     DrillRun.objects.filter(pk=run.pk).update(status=DrillStatus.PASSED)
     assert drill_selectors.runs_to_resume(later) == []
+
+
+def test_the_resume_sweep_applies_the_desired_state_again(
+    world_a: TenantWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed mid-run may have held the reconcile of the run's injection: resuming
+    steps the run and reconciles again (nothing when no run needs resuming)."""
+    from incidents.drills import tasks as drill_tasks
+    from serving.deployments import tasks as deployment_tasks
+
+    sent: list[Any] = []
+    monkeypatch.setattr(deployment_tasks.reconcile, "delay", lambda: sent.append("reconcile"))
+    monkeypatch.setattr(drill_tasks.advance_drill_run, "delay", sent.append)
+    deployment = _ready(world_a)
+    drill = _drill(world_a, deployment)
+    run = drills.run_start(tenant=world_a.tenant, actor=Actor(user=world_a.owner), drill=drill)
+    assert drill_tasks.resume_drill_runs() == 0 and sent == []
+    DrillRun.objects.filter(pk=run.pk).update(stepped_at=run.stepped_at - timedelta(hours=1))
+    assert drill_tasks.resume_drill_runs() == 1
+    assert sent == ["reconcile", run.pk]
 
 
 @pytest.mark.parametrize("fault", ["gpu_memory_leak", "replica_crash", "replica_hang"])

@@ -72,10 +72,12 @@ def test_list_puts_open_incidents_first_and_filters(
     Incident.objects.filter(pk=ticket.pk).update(is_drill=True)
     assert _ids(client.get(url + "?kind=drill").content.decode()) == [ticket.pk]
     assert _ids(client.get(url + "?kind=real").content.decode()) == [newest.pk, resolved.pk]
-    today = timezone.now().date()
-    assert _ids(client.get(url + f"?since={today + timedelta(days=1)}").content.decode()) == []
-    assert _ids(client.get(url + f"?until={today - timedelta(days=1)}").content.decode()) == []
-    assert len(_ids(client.get(url + f"?since={today - timedelta(days=1)}").content.decode())) == 3
+    # Days in UTC, from the incidents' own (three hours back crosses midnight after 21:00).
+    first, last = resolved.triggered_at.date(), newest.triggered_at.date()
+    assert _ids(client.get(url + f"?since={last + timedelta(days=1)}").content.decode()) == []
+    assert _ids(client.get(url + f"?until={first - timedelta(days=1)}").content.decode()) == []
+    assert len(_ids(client.get(url + f"?since={first}").content.decode())) == 3
+    assert _ids(client.get(url + f"?since={last}&until={last}").content.decode())[0] == newest.pk
     table = client.get(_url(world_a, "incident-table") + "?status=resolved").content.decode()
     assert table.startswith('<div id="incident-table"') and _ids(table) == [resolved.pk]
     row = client.get(_url(world_a, "incident-row", ticket)).content.decode()

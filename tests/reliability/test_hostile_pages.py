@@ -67,3 +67,123 @@ def test_a_formula_named_drill_is_text_in_the_audit_export(
     rows = [r for r in csv.DictReader(io.StringIO(body)) if r["action"] == "drill.created"]
     assert rows and rows[0]["object"].startswith("'=HYPERLINK")
     assert all(not cell.startswith(("=", "+", "-", "@")) for r in rows for cell in r.values())
+
+
+def _hostile_webhook(world: TenantWorld, name: str, url: str) -> Any:
+    from incidents import services
+    from tenants.actors import Actor
+
+    channel, _ = services.notification_channel_create(
+        tenant=world.tenant, actor=Actor(user=world.owner), kind="webhook", name=name, url=url
+    )
+    return channel
+
+
+def test_a_neighbours_channel_cannot_be_test_sent(
+    client: Any, world_a: TenantWorld, world_b: TenantWorld, settings: Any
+) -> None:
+    from tenants.models import AuditEvent
+
+    settings.WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+    theirs = _hostile_webhook(world_b, "theirs", "http://127.0.0.1:9/hook")
+    client.force_login(world_a.owner)
+    for slug in (world_a.tenant.slug, world_b.tenant.slug):  # through ours, or naming theirs
+        url = reverse("notification-channel-test", args=[slug, theirs.pk])
+        assert client.post(url).status_code == 404
+    assert not AuditEvent.objects.filter(action="notification_channel.tested").exists()
+
+
+def test_hammering_test_send_costs_one_message_per_channel_and_a_few_per_tenant(
+    client: Any, world_a: TenantWorld, settings: Any
+) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    hits: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            hits.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    settings.WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        channels = [_hostile_webhook(world_a, f"victim-{i}", f"{base}/{i}") for i in range(8)]
+        client.force_login(world_a.operator)
+        refused = 0
+        for _ in range(3):
+            for channel in channels:
+                url = reverse("notification-channel-test", args=[world_a.tenant.slug, channel.pk])
+                page = client.post(url, follow=True).content.decode()
+                refused += "too many test messages" in page
+    finally:
+        server.shutdown()
+        server.server_close()
+    # 24 presses: five messages go out (the tenant's minute), each to a different channel.
+    assert len(hits) == 5 and len(set(hits)) == 5
+    assert refused == 19
+
+
+def test_a_neighbours_cause_rule_cannot_be_read_or_changed_and_rule_text_is_escaped(
+    client: Any, world_a: TenantWorld, world_b: TenantWorld
+) -> None:
+    from incidents import services
+    from incidents.models import CauseRule
+    from tenants.actors import Actor
+
+    theirs = services.cause_rule_create(
+        tenant=world_b.tenant, actor=Actor(user=world_b.owner), symptom="kv_usage", op="true",
+        cause='<script>alert("globex")</script>', fix="<img src=x onerror=alert(1)>",
+    )  # fmt: skip
+    client.force_login(world_a.owner)
+    for slug in (world_a.tenant.slug, world_b.tenant.slug):  # through ours, or naming theirs
+        for name in ("cause-rule-edit", "cause-rule-switch", "cause-rule-delete"):
+            url = reverse(name, args=[slug, theirs.pk])
+            assert client.post(url, {"cause": "pwned", "op": "true"}).status_code == 404
+    theirs.refresh_from_db()
+    assert theirs.is_active and theirs.cause.startswith("<script>")
+    assert (
+        "globex"
+        not in client.get(reverse("cause-rules", args=[world_a.tenant.slug])).content.decode()
+    )
+    client.force_login(world_b.owner)
+    page = client.get(reverse("cause-rules", args=[world_b.tenant.slug])).content.decode()
+    assert "<script>alert" not in page and "&lt;script&gt;alert(&quot;globex&quot;)" in page
+    assert "<img src=x" not in page
+    assert CauseRule.objects.filter(tenant=world_a.tenant).count() == 0
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "serving-deployment-requests",
+        "serving-deployment-compare",
+        "serving-deployment-playground",
+        "serving-deployment-breaker",
+        "serving-deployment-breaker-live",
+    ],
+)
+def test_a_neighbours_deployment_pages_are_not_found_to_read_or_change(
+    client: Any, world_a: TenantWorld, world_b: TenantWorld, name: str
+) -> None:
+    """A tenant naming another tenant's deployment in any of its pages (inspector, compare,
+    playground, guard & breaker) gets a 404 for reading and for posting: nothing is read from
+    the neighbour's routers, nothing is sent to its proxy, none of its settings change."""
+    theirs = Deployment.objects.get(tenant=world_a.tenant, name="assistant")
+    revision = theirs.current_revision_id
+    client.force_login(world_b.owner)
+    url = reverse(name, kwargs={"slug": world_b.tenant.slug, "pk": theirs.pk})
+    assert client.get(url).status_code == 404
+    posted = client.post(url, {"prompt": "hi", "arm": "stable", "breaker_min_requests": 1})
+    assert posted.status_code in (404, 405)
+    cost = reverse("serving-deployment-change-cost", args=[world_b.tenant.slug, theirs.pk, "scale"])
+    assert client.post(cost, {"num_replicas": 1}).status_code == 404
+    theirs.refresh_from_db()
+    assert theirs.current_revision_id == revision

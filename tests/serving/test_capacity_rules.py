@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from serving.control.capacity import Shortfall, parse_cluster_status
-from serving.deployments.capacity import _grows, _setting, replica_asks, waiting_reason
+from serving.deployments.capacity import _setting, grows, replica_asks, waiting_reason
 
 BASE: dict[str, Any] = {
     "kv_mode": "dedicated", "num_replicas": 2, "autoscaling": None, "num_cpus": 0.5,
@@ -25,12 +25,12 @@ def test_a_revision_asks_per_replica_of_its_router_and_of_its_canary() -> None:
 
 def test_only_a_change_that_asks_for_more_is_checked() -> None:
     now = replica_asks(BASE)
-    assert not _grows(now, replica_asks({**BASE, "num_replicas": 1}))  # scale down
-    assert not _grows(replica_asks({**BASE, "canary_version_id": 9}), now)  # a rollback
-    assert _grows(now, replica_asks({**BASE, "num_replicas": 3}))
-    assert _grows(now, replica_asks({**BASE, "num_cpus": 1.0, "num_replicas": 1}))  # bigger one
-    assert _grows(now, replica_asks({**BASE, "num_gpus": 1.0}))
-    assert _grows([], now)  # a new deployment
+    assert not grows(now, replica_asks({**BASE, "num_replicas": 1}))  # scale down
+    assert not grows(replica_asks({**BASE, "canary_version_id": 9}), now)  # a rollback
+    assert grows(now, replica_asks({**BASE, "num_replicas": 3}))
+    assert grows(now, replica_asks({**BASE, "num_cpus": 1.0, "num_replicas": 1}))  # bigger one
+    assert grows(now, replica_asks({**BASE, "num_gpus": 1.0}))
+    assert grows([], now)  # a new deployment
 
 
 def test_the_refusal_names_what_the_change_raised() -> None:

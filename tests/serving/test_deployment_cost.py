@@ -1,6 +1,7 @@
-"""The new-deployment form's cost panel: what the deployment would hold against the quota
-(after the tenant's other live deployments) and whether the cluster can place it, worked
-out from the form as it is filled; a setting that makes no sense is named; nothing written."""
+"""The cost panels of the new-deployment, scale and canary forms: what the deployment would
+hold (now and after, for a change) against the quota (after the tenant's other live
+deployments) and whether the cluster can place it, worked out from the form as it is filled;
+a setting that makes no sense is named; nothing written."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from django.urls import reverse
 from serving.deployments.models import Deployment
 from tenants.models import AuditEvent, Quota
 from tests.conftest import TenantWorld
-from tests.serving.test_deployment_pages import _create_data
+from tests.serving.test_deployment_pages import (
+    _create_data,
+    _scale_data,
+    _second_ready_version,
+    _served_version,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -75,3 +81,48 @@ def test_only_deployers_of_the_tenant_may_ask(
     assert client.get(url).status_code == 405
     page = client.get(reverse("serving-deployments", args=[world_a.tenant.slug])).content.decode()
     assert f'hx-post="{url}"' in page and 'data-testid="deploy-cost"' in page
+
+
+def test_the_scale_and_canary_panels_show_now_and_after_the_change(
+    client: Any, world_a: TenantWorld, world_b: TenantWorld
+) -> None:
+    deployment = Deployment.objects.get(tenant=world_a.tenant, name="assistant")
+    revision = deployment.current_revision
+    client.force_login(world_a.operator)
+    slug, pk = world_a.tenant.slug, deployment.pk
+    scale = reverse("serving-deployment-change-cost", args=[slug, pk, "scale"])
+    s2 = _second_ready_version(world_a)
+    audit, revisions = AuditEvent.objects.count(), deployment.revisions.count()
+    html = client.post(scale, _scale_data(revision, num_replicas=3)).content.decode()
+    rows = _rows(html)
+    # "assistant" is the tenant's only deployment: 1 replica now, 3 after, of 4.
+    assert 'data-testid="cost-before">1<' in rows["replicas"]
+    assert 'data-testid="cost-this">3<' in rows["replicas"] and "3 of 4" in rows["replicas"]
+    assert "1 of 3" in rows["deployments"] and 'data-over="false"' in rows["replicas"]
+    over = client.post(scale, _scale_data(revision, num_replicas=5)).content.decode()
+    assert 'data-over="true"' in _rows(over)["replicas"] and "Applying it would be refused" in over
+    bad = client.post(scale, _scale_data(revision, num_cpus=-1)).content.decode()
+    assert 'data-testid="cost-problems"' in bad and "CPUs per replica" in bad
+
+    canary = reverse("serving-deployment-change-cost", args=[slug, pk, "canary"])
+    html = client.post(canary, {"version": s2.pk, "percent": 20}).content.decode()
+    rows = _rows(html)  # a canary adds a replica of its own
+    assert 'data-testid="cost-before">1<' in rows["replicas"]
+    assert 'data-testid="cost-this">2<' in rows["replicas"], rows["replicas"]
+    same = client.post(canary, {"version": _served_version(world_a).pk, "percent": 20})
+    assert "Canary version" in same.content.decode()  # not a canary candidate: named
+    high = client.post(canary, {"version": s2.pk, "percent": 150}).content.decode()
+    assert 'data-testid="cost-problems"' in high and "Canary traffic" in high
+    # Nothing was written.
+    assert deployment.revisions.count() == revisions and AuditEvent.objects.count() == audit
+    # The panels sit inside the forms, and only a deployer of the tenant may ask.
+    page = client.get(reverse("serving-deployment", args=[slug, pk])).content.decode()
+    assert 'data-testid="scale-cost"' in page and 'data-testid="canary-cost"' in page
+    assert (
+        client.post(reverse("serving-deployment-change-cost", args=[slug, pk, "x"])).status_code
+        == 404
+    )
+    client.force_login(world_a.viewer)
+    assert client.post(scale, _scale_data(revision)).status_code == 403
+    client.force_login(world_b.owner)
+    assert client.post(scale, _scale_data(revision)).status_code == 404

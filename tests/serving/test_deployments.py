@@ -189,6 +189,8 @@ def test_bad_settings_name_the_field(world_a: TenantWorld) -> None:
     cases = [
         ({"name": "Bad_Name"}, "name"),
         ({"breaker": {"failure_rate": 2}}, "breaker.failure_rate"),
+        ({"breaker": {"canary_alpha": 0.9}}, "breaker.canary_alpha"),
+        ({"breaker": {"slow_ms": -1}}, "breaker.slow_ms"),
         ({"guard": {"max_tokns": 5}}, "guard.max_tokns"),
         ({"kv_mode": "shared"}, "pool"),
         ({"autoscaling": {"min_replicas": 3, "max_replicas": 2}}, "autoscaling.max_replicas"),

@@ -107,13 +107,13 @@ def test_a_slow_client_gets_the_newest_sample_not_a_queue(
     world_a: TenantWorld, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _ready(world_a)
-    original = GpuConsumer.send
+    original = GpuConsumer.write
 
     async def slow_send(self: GpuConsumer, *args: Any, **kwargs: Any) -> None:
         await asyncio.sleep(0.4)  # a client on a bad link: each frame takes 0.4 s to go out
         await original(self, *args, **kwargs)
 
-    monkeypatch.setattr(GpuConsumer, "send", slow_send)
+    monkeypatch.setattr(GpuConsumer, "write", slow_send)
     comm = gpu_socket(f"tenant={world_a.tenant.slug}", world_a.owner)
 
     async def scenario() -> tuple[list[str], list[str]]:

@@ -367,3 +367,19 @@ def test_a_replica_still_loading_its_first_weights_is_not_off_them() -> None:
     assert score(replica("r-1", ""))["score"] is None
     left = score(replica("r-1", "m:v1"), replica("r-2", "m:v0"))
     assert left["score"] > 0 and left["off"] == ["r-2"]
+
+
+def test_a_slots_points_are_decoded_in_one_call_and_a_bad_one_is_dropped_alone() -> None:
+    from serving.ops.health import series as series_cache
+
+    names = ["1:stable", "1:canary", "2:stable"]
+    read = [
+        b"0:0 {}", [b'{"t":2.0,"req":3}', b'{"t":1.0,"req":1}'],  # newest first, as LRANGE
+        None, [b'{"t":3}', b"not json", b'{"t":2},{"t":9}', b"[1]", b'{"t":"x"}', b'{"t":1}'],
+        None, None,  # its state said not yet: no points read
+    ]  # fmt: skip
+    out = series_cache.parse_read(read, names)
+    assert out["1:stable"] == ({}, [{"t": 1.0, "req": 1}, {"t": 2.0, "req": 3}])
+    # One element holding two points (a comma inside) is not taken as two: it is dropped.
+    assert out["1:canary"] == (None, [{"t": 1}, {"t": 3}])
+    assert out["2:stable"] == (None, None)

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from serving.control.serve_api import AppStatus
+from serving.dataplane.lifecycle import requests_key
 from serving.deployments import reconcile as control
 from serving.deployments import services as deployments
 from serving.deployments.models import Deployment, DeploymentStatus, SharedPool
@@ -81,7 +82,7 @@ def _greedy(directory: Path, text: str, n: int) -> str:
 
 def _completed_lifecycle(app: str, request_id: str, timeout: float = 10) -> Any:
     client = redis.Redis.from_url(settings.REDIS_URL)
-    key = f"{settings.SLI_KEY_PREFIX}:router:{app}"
+    key = requests_key(settings.SLI_KEY_PREFIX, app)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for raw in client.hgetall(key).values():
@@ -147,6 +148,11 @@ def test_deploy_infer_canary_reload_delete(
         order = ["pending", "validating", "routing", "executing", "completed"]
         assert list(life["times"]) == order and life["group"] == "stable"
         assert [life["times"][s] for s in order] == sorted(life["times"][s] for s in order)
+        # What the request inspector shows of it: the trace, who answered, tokens, hits.
+        assert life["trace_id"] == trace.split("-")[1] and life["status"] == 200
+        assert life["version"] == answer.headers["x-model-version"] and life["replica"]
+        assert life["pid"] in _pids(ray_cluster, app) and life["completion_tokens"] == 4
+        assert isinstance(life["prefix_hit_tokens"], int)  # the built-in engine reports it
 
         # Canary at 20%: about 20% of 500 answers come from it.
         v2_dir = write_tiny_checkpoint(tmp_path / "v2", seed=7)

@@ -77,6 +77,23 @@ def test_spread_cv_and_slope() -> None:
     assert slope_per_minute(points[:2]) is None
 
 
+def test_spread_in_floats_matches_the_exact_one() -> None:
+    import random
+    import statistics
+
+    rng = random.Random(7)
+    for size in (2, 3, 60, 120):
+        values = [rng.uniform(0.0, 5000.0) for _ in range(size)]
+        assert spread(values) == pytest.approx(statistics.pstdev(values), rel=1e-12)
+        assert coefficient_of_variation(values) == pytest.approx(
+            statistics.pstdev(values) / statistics.fmean(values), rel=1e-12
+        )
+    assert math.isnan(spread([1.0, math.nan]))  # statistics.pstdev raises here
+    assert math.isnan(spread([math.inf, 1.0]))
+    assert spread([1e300, -1e300]) == pytest.approx(1e300)  # squares beyond a float
+    assert coefficient_of_variation([1e308, 1e308]) == 0.0
+
+
 def _series(now: float) -> list[dict[str, object]]:
     return [
         {"t": now - 50, "s": 5, "req": 10, "p99": 20.0, "ttft": 10.0, "tps": 100.0, "hit": 0.9},

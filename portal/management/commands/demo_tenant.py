@@ -44,6 +44,8 @@ DEMO_SETTINGS: dict[str, Any] = {"num_cpus": 0.25, "num_replicas": 1, "kv_blocks
 DEMO_DRILL = "canary-error-burst"
 TRAFFIC_KEY = "demo-traffic"
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# Training stops on its loss target (5-10 s on two quiet cores); this bounds a far slower machine.
+DEMO_TRAIN_SECONDS = 300.0
 
 
 DEMO_CONTRACT = """\
@@ -253,7 +255,7 @@ class Command(BaseCommand):
         PORTAL_DEMO_MODEL_CACHE: a folder where trained checkpoints are kept by the trainer's
         digest, so other data folders (other clones, the test suite's runs) copy them."""
         if not all((directory / name).is_file() for name in CHECKPOINT_FILES):
-            from serving.engine.tiny_trained import train_tiny_llama, trainer_digest
+            from serving.engine.tiny_trained import train, trainer_digest
 
             cache = os.environ.get("PORTAL_DEMO_MODEL_CACHE", "").strip()
             kept = Path(cache) / f"{trainer_digest()}-v{variant}" if cache else None
@@ -261,8 +263,15 @@ class Command(BaseCommand):
                 shutil.copytree(kept, directory, dirs_exist_ok=True)
             else:
                 self.stdout.write(f"Training the demo's tiny Llama ({directory.name}) ...")
-                train_tiny_llama(directory, variant=variant)
-                if kept is not None:
+                # It stops on its loss target: the same weights however busy the machine is.
+                result = train(directory, variant=variant, seconds=DEMO_TRAIN_SECONDS)
+                if not result.converged:
+                    self.stderr.write(
+                        f"The demo's tiny Llama did not reach its loss target in "
+                        f"{DEMO_TRAIN_SECONDS:.0f} s ({result.steps} steps): its answers may "
+                        "not read as English. Delete the demo's model folder to train again."
+                    )
+                if kept is not None and result.converged:
                     partial = kept.with_name(f"{kept.name}.{os.getpid()}.partial")
                     shutil.copytree(directory, partial, dirs_exist_ok=True)
                     with contextlib.suppress(OSError):  # another run kept it first

@@ -91,6 +91,28 @@ def current_revision(*, deployment: Deployment) -> DeploymentRevision | None:
     )
 
 
+def changed_spec(
+    *, tenant: Tenant, current: DeploymentRevision, changes: dict[str, Any]
+) -> dict[str, Any]:
+    """The cleaned spec `current` becomes with `changes` applied (versions by id, each checked
+    deployable; fixed replicas switch autoscaling off): what a change would write, and what
+    its cost preview weighs. Raises what the change would raise for a bad setting."""
+    changes = dict(changes)
+    for field in ("stable_version", "canary_version"):
+        if field in changes:
+            value = changes.pop(field)
+            changes[f"{field}_id"] = (
+                None
+                if value is None
+                else version_get_deployable(tenant=tenant, version_id=value, field=field).pk
+            )
+    if "num_replicas" in changes and changes["num_replicas"] is not None:
+        changes.setdefault("autoscaling", None)
+    return clean_spec(
+        tenant=tenant, spec={**current.spec(), **changes}, current_pool_id=current.pool_id
+    )
+
+
 def deployment_change(
     *,
     tenant: Tenant,
@@ -108,22 +130,7 @@ def deployment_change(
         current = locked.current_revision
         if current is None:  # locked_deployment() refused that already; keeps mypy informed
             raise ConflictError("this deployment has no revision.", field="deployment")
-        changes = dict(changes)
-        for field in ("stable_version", "canary_version"):
-            if field in changes:
-                value = changes.pop(field)
-                changes[f"{field}_id"] = (
-                    None
-                    if value is None
-                    else version_get_deployable(tenant=tenant, version_id=value, field=field).pk
-                )
-        if "num_replicas" in changes and changes["num_replicas"] is not None:
-            changes.setdefault("autoscaling", None)
-        spec = clean_spec(
-            tenant=tenant,
-            spec={**current.spec(), **changes},
-            current_pool_id=current.pool_id,
-        )
+        spec = changed_spec(tenant=tenant, current=current, changes=changes)
         if spec == current.spec():
             return current  # nothing changes: no revision, no reconcile
         check_quota(tenant=tenant, spec=spec, replacing=locked)

@@ -41,6 +41,8 @@ BREAKER_LIMITS = {
     "failure_rate": (0.01, 1),
     "open_s": (0.1, 3600),
     "half_open_probes": (1, 1000),
+    "canary_alpha": (0, 0.5),
+    "slow_ms": (0, 600_000),
 }
 # The chaos-drill fault catalogue lives with the replicas that apply it (Django-free).
 FAULT_KEYS = faults_catalogue.FAULT_KEYS

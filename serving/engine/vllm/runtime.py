@@ -157,17 +157,22 @@ class VllmStream:
         now = time.time()
         completion = out.outputs[0]
         ids = list(completion.token_ids)
+        cached = None  # vLLM's per-request prefix-cache hit, known once the request finished
         if out.finished:
             self._done = True
+            cached = int(out.num_cached_tokens or 0)
             counters = self.engine.tenant(self.tenant)
-            counters.prefix_hits += int(out.num_cached_tokens or 0)
+            counters.prefix_hits += cached
             counters.requests += 1
         reason = _finish_reason(completion.finish_reason) if out.finished else None
         for i, token in enumerate(ids):
             last = out.finished and i == len(ids) - 1
-            self._pending.append(TokenEvent(int(token), last, reason if last else None, now))
+            hit = cached if last else None
+            self._pending.append(
+                TokenEvent(int(token), last, reason if last else None, now, cached_tokens=hit)
+            )
         if out.finished and not ids:  # vLLM may end a stream with no new token
-            self._pending.append(TokenEvent(-1, True, reason, now))
+            self._pending.append(TokenEvent(-1, True, reason, now, cached_tokens=cached))
 
     def close(self) -> None:
         self.engine.forget(self.request_id)

@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from serving.control import names
 from serving.deployments.models import Deployment, DeploymentRevision
 from serving.ops import events
-from serving.ops.health.state import health_keys, health_redis
-from serving.ops.health.targets import LIVE_STATUSES, STALE_S
+from serving.ops.health.state import (
+    health_keys,
+    health_redis,
+    published_snapshots,
+    slot_hashes,
+)
+from serving.ops.health.targets import LIVE_STATUSES, STALE_S, in_shard
 from serving.ops.sli_store import as_datetime
 
 MAX_SAMPLES = 5
@@ -133,40 +139,55 @@ FIELDS = (  # what the alert reads of a deployment: its app name and slots
 
 
 def alert_kv_integrity(
-    r: Any, keys: dict[str, str], now: float, deployment_ids: list[int] | None = None
+    r: Any,
+    keys: dict[str, str],
+    now: float,
+    deployment_ids: list[int] | None = None,
+    shard: tuple[int, int] = (0, 1),
+    *,
+    live: list[tuple[Deployment, DeploymentRevision]] | None = None,
+    published: Mapping[tuple[str, str], Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Tell the listeners (incidents) of each dedicated slot's replica whose pool broke an
     invariant, once per replica (a Redis memo spares the listener's own check at later
-    ticks). One query and one pipelined read per tick. A shared pool's violation is the
-    platform's: it shows on each of its tenants' pages, no tenant's incident."""
-    live = Deployment.objects.filter(
-        deleted_at__isnull=True,
-        current_revision__isnull=False,
-        current_revision__pool__isnull=True,
-        status__in=LIVE_STATUSES,
-    ).select_related("tenant", "current_revision")
-    if deployment_ids is not None:
-        live = live.filter(pk__in=deployment_ids)
+    ticks). One query and one pipelined read per tick, or neither when the tick hands over
+    what it has read: its live deployments (`live`, with their revisions) and their slots'
+    published hashes (`published`, by (app, group); the values raw or already decoded). A
+    shared pool's violation is the platform's: it shows on each of its tenants' pages, no
+    tenant's incident."""
+    if live is None:
+        query = Deployment.objects.filter(
+            deleted_at__isnull=True,
+            current_revision__isnull=False,
+            current_revision__pool__isnull=True,
+            status__in=LIVE_STATUSES,
+        ).select_related("tenant", "current_revision")
+        if deployment_ids is not None:
+            query = query.filter(pk__in=deployment_ids)
+        live = [
+            (d, d.current_revision)
+            for d in in_shard(query.only(*FIELDS), shard)
+            if d.current_revision is not None
+        ]
     asked: list[tuple[Deployment, str, str]] = []
-    for deployment in live.only(*FIELDS):
+    for deployment, revision in live:
+        if revision.pool_id is not None:
+            continue
         try:
-            slots = _slots(deployment, deployment.current_revision)  # type: ignore[arg-type]
+            slots = _slots(deployment, revision)
         except names.BadName:  # never compiled: nothing of it publishes
             continue
         asked += [(deployment, label, group) for label, _, group in slots]
     if not asked:
         return []
-    with r.pipeline(transaction=False) as pipe:
-        for deployment, _, group in asked:
-            pipe.hgetall(f"{keys['sli']}:{deployment.serve_app}:{group}")
-        read = pipe.execute()
+    read = slot_hashes(r, keys, published, [(d.serve_app, g) for d, _, g in asked])
     done: list[dict[str, Any]] = []
-    for (deployment, label, _), published in zip(asked, read, strict=True):
-        for raw in published.values():
+    for deployment, label, group in asked:
+        found = read[(deployment.serve_app, group)]
+        for snapshot in published_snapshots(found, b'"integrity"'):
             try:
-                snapshot = json.loads(raw)
                 integrity = (snapshot.get("kv") or {}).get("integrity") or {}
-            except (ValueError, AttributeError):
+            except AttributeError:
                 continue
             if not isinstance(integrity, dict) or not integrity.get("violations_total"):
                 continue

@@ -6,13 +6,13 @@ number of ticks that see it. A Redis memo spares the listener's check at later t
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from portal.exceptions import PortalError
 from serving.ops import events
+from serving.ops.health.state import published_snapshots, slot_hashes
 from serving.ops.health.targets import Target
 from serving.ops.sli_store import as_datetime
 
@@ -27,24 +27,26 @@ def _slots(target: Target) -> list[str]:
 
 
 def failed_reloads(
-    r: Any, keys: dict[str, str], targets: Sequence[Target], now: float
+    r: Any,
+    keys: dict[str, str],
+    targets: Sequence[Target],
+    now: float,
+    published: Mapping[tuple[str, str], Any] | None = None,
 ) -> list[events.ReloadFailed]:
-    """The failed reloads the targets' replicas publish now, one event per failure."""
+    """The failed reloads the targets' replicas publish now, one event per failure. The slots'
+    hashes the tick already read (`published`, by (app, slot), raw or decoded) are not read
+    again."""
     asked = [(t, slot) for t in targets for slot in _slots(t)]
     if not asked:
         return []
-    with r.pipeline(transaction=False) as pipe:
-        for target, slot in asked:
-            pipe.hgetall(f"{keys['sli']}:{target.app}:{slot}")
-        read = pipe.execute()
+    read = slot_hashes(r, keys, published, [(t.app, slot) for t, slot in asked])
     found: dict[str, events.ReloadFailed] = {}
-    for (target, slot), published in zip(asked, read, strict=True):
-        for raw in published.values():
+    for target, slot in asked:
+        for snapshot in published_snapshots(read[(target.app, slot)], b'"failures"'):
             try:
-                snapshot = json.loads(raw)
                 standby = (snapshot.get("kv") or {}).get("standby") or {}
                 failures = list(standby.get("failures") or [])
-            except (ValueError, AttributeError, TypeError):
+            except (AttributeError, TypeError):
                 continue
             for failure in failures:
                 if not isinstance(failure, dict) or not isinstance(failure.get("at"), int | float):
@@ -61,11 +63,15 @@ def failed_reloads(
 
 
 def alert_failed_reloads(
-    r: Any, keys: dict[str, str], targets: Sequence[Target], now: float
+    r: Any,
+    keys: dict[str, str],
+    targets: Sequence[Target],
+    now: float,
+    published: Mapping[tuple[str, str], Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Tell the listeners of each failed reload not told before; what was alerted now."""
     done: list[dict[str, Any]] = []
-    for event in failed_reloads(r, keys, targets, now):
+    for event in failed_reloads(r, keys, targets, now, published):
         memo = f"{keys['lock']}:reload-told:{event.deployment.pk}:{event.key}"
         if r.exists(memo):
             continue

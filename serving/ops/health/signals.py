@@ -166,9 +166,9 @@ def slot_signals(
     objectives: Sequence[tuple[str, int | None, str | None]] = (),
     interval_s: float = 0.0,
 ) -> tuple[dict[str, Any], str, str | None]:
-    """(the slot's observations for evaluate(), its new signal state to store, the series
-    point to append or None). `series`: the slot's points, read only when its state said a
-    point may close (serving.ops.health.series); the windowed values are recomputed then."""
+    """(the slot's observations for evaluate(), its new signal state, the series point to
+    append or None); adds what the routers' breakers turned away to `delta`, as failed.
+    `series`: the slot's points, read only when its state said a point may close."""
     state = dict(state or {})
     tenant = str(tenant_id)
     acc = state.get("acc") or _new_acc()
@@ -213,6 +213,8 @@ def slot_signals(
             grown = int(_delta(now_b["turned_away"], before["turned_away"]))
             if grown:  # refused by the router: no replica ever saw these
                 reasons["circuit_open"] = reasons.get("circuit_open", 0) + grown
+                # the version's failures: a canary its breaker shields is still rolled back
+                delta.requests, delta.errors = delta.requests + grown, delta.errors + grown
     upstream, fu = _upstream(state.get("fu"), recorded, thrown)
     if upstream:
         reasons["upstream"] = reasons.get("upstream", 0) + upstream
@@ -284,17 +286,15 @@ def slot_signals(
     return observed, series_cache.encode_state(new_state, next_at, count), encoded_point
 
 
-# Reasons a replica reports when its request ended by an exception: the router's breaker
-# records the same request as a failure.
+# A replica's reasons for a request ended by an exception (the router's breaker records it too)
 THROWN_REASONS = frozenset({"other", "out_of_memory", "timeout"})
 
 
 def _upstream(fu: Any, recorded: int, thrown: int) -> tuple[int, dict[str, Any]]:
     """How many of the routers' recorded failures no replica reported (`upstream`: a replica
-    that died or never answered), each counted once. The replicas' and the routers'
-    snapshots are published apart, so a router's failure gets two ticks for its replica's
-    report to arrive: upstream so far = max(router failures two ticks ago - replica-reported
-    ones now), never less than before (a failure is attributed once, by construction)."""
+    that died or never answered), each counted once. Published apart, a router's failure gets
+    two ticks for its replica's report to arrive: upstream so far = max(router failures two
+    ticks ago - replica-reported ones now), never less than before (attributed once)."""
     fu = dict(fu or {})
     history = list(fu.get("rh") or [0, 0])
     total_r = int(history[-1]) + recorded

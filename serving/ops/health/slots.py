@@ -18,20 +18,23 @@ from serving.deployments.models import Deployment, DeploymentStatus
 from serving.ops import events
 from serving.ops.health import series as series_cache
 from serving.ops.health import signals as slot_signals
+from serving.ops.health.evaluation import evaluate_slots
+from serving.ops.health.kv_integrity import alert_kv_integrity
+from serving.ops.health.lease import shard_lock_key
 from serving.ops.health.probe import probe, probe_streaks
 from serving.ops.health.reloads import alert_failed_reloads
-from serving.ops.health.state import loads
+from serving.ops.health.state import checked_value, last_checks, loads
 from serving.ops.health.targets import (
     PROBE_STATUSES,
     STALE_S,
     SlotResult,
     Target,
+    boundaries,
     health_targets,
 )
 from serving.ops.health.tier_sla import tier_contracts
 from serving.ops.models import Resolution, SliSample
 from serving.ops.sli_store import (
-    BOUNDARIES,
     Slot,
     as_datetime,
     counts_of_totals,
@@ -39,7 +42,7 @@ from serving.ops.sli_store import (
     replica_delta,
     sample_row,
 )
-from serving.slo.evaluate import Counts, evaluate
+from serving.slo.evaluate import Counts
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +54,10 @@ def tick_slots(
     serve_url: str | None,
     act: bool,
     deployment_ids: list[int] | None,
+    shard: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
-    """One tick's work over the targets, under the lock `tick()` holds."""
-    targets = health_targets(deployment_ids=deployment_ids)
+    """One tick's work over the targets (of one shard), under the lease `tick()` holds."""
+    targets = health_targets(deployment_ids=deployment_ids, shard=shard)
     slots: list[tuple[Target, str]] = [(t, g) for t in targets for g in t.groups]
     ids = [str(t.deployment.pk) for t in targets]
     # Both slots of every target: a canary that left keeps its replicas' baselines.
@@ -68,10 +72,14 @@ def tick_slots(
         pipe.hmget(keys["consistency"], slot_names or ["-"])
         pipe.hgetall(keys["gpu_latest"])
         pipe.hmget(keys["state"], slot_fields or ["-"])
-        pipe.hmget(keys["deployments"], ids or ["-"])
+        pipe.hmget(keys["checked"], ids or ["-"])
         pipe.hmget(keys["features"], ids or ["-"])
         read = pipe.execute()
     published, infos = read[: len(slots)], read[-2]
+    # What the slots' replicas published, raw, then decoded once measured (kv_integrity's too).
+    decoded: dict[tuple[str, str], Any] = {
+        (t.app, g): raw for (t, g), raw in zip(slots, published, strict=True)
+    }
     routers_raw = read[len(slots) : len(slots) + len(targets)]
     signal_reads = series_cache.parse_read(read[-6], slot_names)
     consistency = dict(zip(slot_names, read[-5], strict=False))
@@ -79,7 +87,7 @@ def tick_slots(
     features = {
         t.deployment.pk: loads(raw) or {} for t, raw in zip(targets, read[-1], strict=False)
     }
-    info = {t.deployment.pk: (loads(raw) or {}) for t, raw in zip(targets, infos, strict=False)}
+    info = last_checks(r, keys, ids, infos)
     due = [
         t
         for t in targets
@@ -123,6 +131,7 @@ def tick_slots(
         # A stopped replica's last value lingers in the hash while others refresh its TTL: it is
         # not counted, but its baseline stays while its value does.
         published_now = [json.loads(v) for v in replicas_raw.values()]
+        decoded[(target.app, group)] = published_now
         replicas = [
             snapshot
             for snapshot in published_now
@@ -228,14 +237,24 @@ def tick_slots(
             delta=delta, cumulative=cumulative, kv=kv, since=float(state["since"])
         )
 
-    _evaluate(now, targets, results, features, observed, tier_contracts(targets, routers))
+    evaluate_slots(
+        now,
+        targets,
+        results,
+        features,
+        observed,
+        tier_contracts(targets, routers),
+        cache=boundaries(shard),
+    )
     streaks = probe_streaks(due, probes, info, results)
     detected = time.time()  # a breach is known from here on (the tick's reads took time)
     new_infos: dict[str, str] = {}
+    new_checks: dict[str, str] = {}
     for target in due:
         dep = target.deployment
         ok, ms, status = probes.get(dep.pk, (None, None, None))
         failures = streaks[dep.pk]
+        new_checks[str(dep.pk)] = checked_value(now, failures)
         new_infos[str(dep.pk)] = json.dumps(
             {
                 "checked_at": now,
@@ -272,10 +291,13 @@ def tick_slots(
             pipe.hset(keys["state"], mapping=new_states)
         if new_infos:
             pipe.hset(keys["deployments"], mapping=new_infos)
-        series_cache.queue_write(pipe, keys, new_signal_states, new_points, deployment_ids)
+            pipe.hset(keys["checked"], mapping=new_checks)
+        series_cache.queue_write(
+            pipe, keys, new_signal_states, new_points, deployment_ids, shard_key(keys, shard)
+        )
         pruning = pipe.execute()[-1] is True and deployment_ids is None
-    if pruning:  # slots no longer targets leave their signals (at most once a minute)
-        series_cache.prune(r, keys["signals"], set(slot_names))
+    if pruning:  # the shard's slots no longer targets leave their signals (once a minute)
+        series_cache.prune(r, keys["signals"], set(slot_names), shard)
     firing = {
         slot: result.evaluation.firing
         for slot, result in results.items()
@@ -290,11 +312,15 @@ def tick_slots(
         due_by_id = {pk: t for pk, t in by_id.items() if pk in due_ids}
         actions += _advance_rollouts(now, due_by_id, results)
         _mark_good(now, targets, firing)
-        _resume_stuck_rollbacks(r, keys)
-        from serving.ops.remediation.services import remediation_resume
+        if shard[0] == 0:  # the fleet-wide chores: once a tick, by the first shard's tick
+            _resume_stuck_rollbacks(r, keys)
+            from serving.ops.remediation.services import remediation_resume
 
-        remediation_resume(r=r, lock_key=keys["lock"])  # ended waits, runs a dead worker left
-        actions += alert_failed_reloads(r, keys, due, detected)
+            remediation_resume(r=r, lock_key=keys["lock"])  # ended waits, runs a dead worker left
+        actions += alert_failed_reloads(r, keys, due, detected, decoded)
+        # A replica's broken KV pool: an incident, once (serving.ops.health.kv_integrity).
+        live = [(t.deployment, t.revision) for t in targets]
+        actions += alert_kv_integrity(r, keys, time.time(), live=live, published=decoded)
     return {
         "deployments": len(targets),
         "due": len(due),
@@ -306,41 +332,9 @@ def tick_slots(
     }
 
 
-def _evaluate(
-    now: float,
-    targets: list[Target],
-    results: dict[Slot, SlotResult],
-    features: Mapping[int, dict[str, Any]],
-    observed: Mapping[Slot, dict[str, Any]],
-    degraded: Mapping[Slot, Any] | None = None,  # a degraded slot's contract (tier_sla)
-) -> None:
-    lengths: set[int] = set()
-    for target in targets:
-        if target.contract is not None:
-            lengths.update(target.contract.window_lengths())
-    by_id = {t.deployment.pk: t for t in targets}
-    episodes = {slot: (by_id[slot[0]].version(slot[1]), r.since) for slot, r in results.items()}
-    boundaries = BOUNDARIES.lookup(episodes, {w: now - w for w in lengths})
-    for slot, result in results.items():
-        contract = (degraded or {}).get(slot) or by_id[slot[0]].contract
-        if contract is None:
-            continue
-        found = boundaries.get(slot, {})
-        result.windows = {
-            w: result.cumulative - found[w] if w in found else result.cumulative
-            for w in contract.window_lengths()
-        }
-        reported = features.get(slot[0], {})
-        observations = {  # what the tenant reported about its features (drift, freshness)
-            "drift": reported.get("drift", {}),
-            "freshness": {f: max(0.0, now - t) for f, t in reported.get("freshness", {}).items()},
-            "group": slot[1],
-            "signals": observed.get(slot, {}),
-            "consistency": {
-                slot[1]: ((observed.get(slot) or {}).get("consistency") or {}).get("score")
-            },
-        }
-        result.evaluation = evaluate(contract, result.windows, observations=observations)
+def shard_key(keys: dict[str, str], shard: tuple[int, int]) -> str:
+    """The shard's own prefix for its once-a-minute claims (its lease's key)."""
+    return shard_lock_key(keys["lock"], *shard)
 
 
 def _act(target: Target, group: str, alerts: list[Any], now: float) -> list[dict[str, Any]]:

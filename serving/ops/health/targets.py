@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Max
+from django.db.models import Max, QuerySet
+from django.db.models.functions import Mod
 
 from serving.deployments.models import Deployment, DeploymentRevision, DeploymentStatus
 from serving.ops.models import SlaContract
-from serving.ops.sli_store import BOUNDARIES
+from serving.ops.sli_store import BOUNDARIES, BoundaryCache
 from serving.slo.evaluate import Counts, Evaluation
 from serving.slo.model import Contract
 
@@ -60,8 +61,17 @@ class SlotResult:
     since: float = 0.0  # when this version started serving in the slot
 
 
-def health_targets(*, deployment_ids: list[int] | None = None) -> list[Target]:
-    """Every live deployment with a revision, and the contract in force for each."""
+def in_shard(query: QuerySet[Deployment], shard: tuple[int, int]) -> QuerySet[Deployment]:
+    """The deployments of shard `(k, n)`: `pk % n == k` (all of them when n is 1)."""
+    k, n = shard
+    return query if n <= 1 else query.annotate(health_shard=Mod("pk", n)).filter(health_shard=k)
+
+
+def health_targets(
+    *, deployment_ids: list[int] | None = None, shard: tuple[int, int] = (0, 1)
+) -> list[Target]:
+    """Every live deployment with a revision (of one shard), and the contract in force for
+    each."""
     query = (
         Deployment.objects.filter(
             deleted_at__isnull=True, current_revision__isnull=False, status__in=LIVE_STATUSES
@@ -83,6 +93,7 @@ def health_targets(*, deployment_ids: list[int] | None = None) -> list[Target]:
     )
     if deployment_ids is not None:
         query = query.filter(pk__in=deployment_ids)
+    query = in_shard(query, shard)
     targets = {
         d.pk: Target(deployment=d, revision=d.current_revision)
         for d in query
@@ -108,7 +119,9 @@ def health_targets(*, deployment_ids: list[int] | None = None) -> list[Target]:
         ):
             _CONTRACTS[(d, v)] = Contract.from_dict(document)
     used = {(d, v): _CONTRACTS[(d, v)] for d, (v, _) in in_force.items()}
-    _CONTRACTS.clear()
+    k, n = shard  # keep the other shards' contracts: this worker may tick them next
+    for key in [key for key in _CONTRACTS if key not in used and key[0] % n == k]:
+        del _CONTRACTS[key]
     _CONTRACTS.update(used)
     for deployment_id, (version, _) in in_force.items():
         targets[deployment_id].contract = used[(deployment_id, version)]
@@ -117,6 +130,15 @@ def health_targets(*, deployment_ids: list[int] | None = None) -> list[Target]:
 
 
 _CONTRACTS: dict[tuple[int, int], Contract] = {}  # (deployment, version) -> parsed contract
+# A sharded tick's long-window boundaries, per shard: a worker ticks whichever shard comes,
+# and each cache keeps only the entries of its own shard's last tick.
+_SHARD_BOUNDARIES: dict[tuple[int, int], BoundaryCache] = {}
+
+
+def boundaries(shard: tuple[int, int]) -> BoundaryCache:
+    if shard[1] <= 1:
+        return BOUNDARIES
+    return _SHARD_BOUNDARIES.setdefault(shard, BoundaryCache())
 
 
 def clear_caches() -> None:
@@ -124,3 +146,4 @@ def clear_caches() -> None:
     for tests, whose new databases hand out the same ids again."""
     _CONTRACTS.clear()
     BOUNDARIES.clear()
+    _SHARD_BOUNDARIES.clear()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
@@ -14,6 +14,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from redis.exceptions import RedisError
 
@@ -26,6 +27,7 @@ from serving.ops import forms as ops_forms
 from serving.ops import selectors as ops_selectors
 from serving.ops.health.kv_integrity import kv_integrity_item
 from serving.ops.models import Resolution
+from serving.ops.series import bucket_sums
 from serving.ops.views.health_signals import signals_view
 from serving.slo.counts import pct
 from serving.slo.errors import FieldError
@@ -307,9 +309,19 @@ def sli_series(tenant: Tenant, deployment: Deployment, range_name: str) -> dict[
     bucket = max(int(resolution), math.ceil(seconds / MAX_POINTS))
     rows = ops_selectors.sli_window(
         tenant=tenant, deployment=deployment, resolution=resolution, seconds=seconds
-    ).values_list("group", "start", "end", "requests", "errors", "rejected", "latency")
-    sums: dict[str, dict[int, list[Any]]] = {}
-    for group, start, end, requests, errors, rejected, latency in rows.iterator():
+    )
+    found = bucket_sums(
+        tenant_id=tenant.pk,
+        deployment_id=deployment.pk,
+        resolution=int(resolution),
+        since=timezone.now() - timedelta(seconds=seconds),
+        bucket=bucket,
+    )
+    sums: dict[str, dict[int, list[Any]]] = found if found is not None else {}
+    values = ("group", "start", "end", "requests", "errors", "rejected", "latency")
+    for group, start, end, requests, errors, rejected, latency in (
+        rows.values_list(*values).iterator() if found is None else ()
+    ):
         key = int(end.timestamp()) // bucket * bucket
         acc = sums.setdefault(group, {}).setdefault(key, [0.0, 0, 0, 0, []])
         acc[0] += (end - start).total_seconds()

@@ -173,6 +173,31 @@ def _sli(run: DrillRun, name: str, since: float, until: float | None) -> float |
     return None if p95 is None else float(p95)
 
 
+def effect_since(run: DrillRun, reports: list[dict[str, Any]]) -> float | None:
+    """When the fault reached the first replica that reports what it did (the replica's own
+    clock, `effects_since`); None when no report says."""
+    times = [
+        float(report["effects_since"])
+        for report in (_faults(s) for s in reports)
+        if str(report.get("effects_drill")) == str(run.pk)
+        and (report.get("effects") or {}).get(run.fault)
+        and report.get("effects_since")
+    ]
+    return min(times, default=None)
+
+
+def observed_window(run: DrillRun) -> tuple[float, float | None]:
+    """The time the fault could touch requests: from when it reached a replica (else its
+    injection) to its revert (None: still in). Requests before or after it would dilute the
+    fault's p95 and error ratio with requests it never touched: a fault that took effect late
+    (a worker killed holding the injection's reconcile) and the rows of the DETECTION_WAIT_S
+    after the revert would hide a spike that lasted seconds."""
+    injected = run.injected_at.timestamp() if run.injected_at else 0.0
+    since = max(injected, float((run.detection or {}).get("effect_since") or 0.0))
+    reverted = run.reverted_at.timestamp() if run.reverted_at else None
+    return since, reverted if reverted is not None and reverted > since else None
+
+
 def signal_value(
     run: DrillRun, name: str, reports: list[dict[str, Any]], now: float, *, baseline: bool
 ) -> float | None:
@@ -181,9 +206,10 @@ def signal_value(
     if name in ("error_ratio", "latency_p95"):
         if baseline:  # the minute before the injection (rows that started before it)
             return _sli(run, name, injected - BASELINE_S, injected)
-        # Every row since the injection (up to CATCH_UP_MAX_S back): a busy health tick
-        # commits its row late, and a row a step missed must still count at the next one.
-        return _sli(run, name, max(injected, now - CATCH_UP_MAX_S), None)
+        since, until = observed_window(run)
+        # Every row of that window (up to CATCH_UP_MAX_S back): a busy health tick commits
+        # its row late, and a row a step missed must still count at the next one.
+        return _sli(run, name, max(since, now - CATCH_UP_MAX_S), until)
     if name == "contract":
         return 0.0 if baseline or run.incident_id is None else 1.0
     if name == "gpu_memory":
@@ -266,6 +292,8 @@ def step(run: DrillRun, now: float) -> None:
         if evidence:
             run.effect_at = to_datetime(now)
             state["effect"] = evidence
+            state["effect_since"] = effect_since(run, reports)
+            run.detection = state
             record_event(run, "effective", f"the fault took effect: {evidence}")
     base = dict(state.get("baseline") or {})
     for name in ("error_ratio", "latency_p95"):  # rows a busy tick committed after the injection

@@ -134,7 +134,8 @@ class DrillRun(TenantOwned):
     # The first declared signal that moved beyond its baseline (incidents.drills.detection).
     detected_at = models.DateTimeField(null=True, blank=True)
     detected_by = models.CharField(max_length=32, blank=True)
-    # {"signals", "baseline", "values", "effect", "simulated", "replicas_at_injection"}
+    # {"signals", "baseline", "values", "effect", "effect_since", "simulated",
+    #  "replicas_at_injection"}
     detection = models.JSONField(default=dict, blank=True)
     mitigated_at = models.DateTimeField(null=True, blank=True)  # rollback done or recovered
     reverted_at = models.DateTimeField(null=True, blank=True)

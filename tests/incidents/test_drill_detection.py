@@ -6,6 +6,8 @@ stores the slot's SLI rows, and the run is stepped by hand.
 * An error burst that took effect (the replica's own count) and moved the error ratio is
   detected with an MTTD from the moment it took effect; page and API show it.
 * A latency spike that took effect but moved nothing (a 1 ms delay) fails as "undetected".
+* A spike that reached the replica late (a worker killed holding the injection's reconcile)
+  is judged on the rows while it was in, not diluted by the seconds before it.
 * A fault no replica reported fails as "never took effect".
 * A leak at seed 001's rate (512 MB/s) on a replica without a GPU: simulated device memory,
   detected by the replicas' reported memory, labelled simulated.
@@ -220,6 +222,53 @@ def test_a_fault_that_took_effect_but_moved_nothing_fails_as_undetected(
     assert run.verdict.startswith("undetected: latency_spike took effect"), run.verdict
     assert "latency_p95" in run.verdict and run.detected is False and run.mttd_s is None
     assert run.effect_at is not None
+
+
+def test_a_spike_that_reached_the_replica_late_is_judged_on_the_rows_while_it_was_in(
+    world_a: TenantWorld,
+) -> None:
+    """8 s of a 10 s drill pass before the fault reaches the replica: its 10 delayed requests
+    are under 5 % of all since the injection (the p95 there stays 25 ms), but a quarter of
+    those since the replica says the fault arrived (`effects_since`)."""
+    deployment = _ready(world_a)
+    Deployment.objects.filter(pk=deployment.pk).update(
+        status=DeploymentStatus.RUNNING, health_interval_s=1
+    )
+    deployment.refresh_from_db()
+    replica = ReportingReplica(deployment, "stable", "s1")
+    drill = _drill(world_a, deployment, "latency_spike", parameters={"delay_ms": 200})
+    t0 = time.time()
+    replica.serve(ok=40)
+    health.tick(now=t0, act=False)
+    run = _inject(world_a, drill, t0)
+    for k in range(1, 9):  # the fault is in the desired state, not yet on the replica
+        replica.serve(ok=40)
+        health.tick(now=t0 + k, act=False)
+        drills.run_advance(run.pk, t0 + k + 0.5)
+    run.refresh_from_db()
+    assert run.effect_at is None and not run.detected_by
+    replica.report = _report(
+        run, "latency_spike", effects={"latency_spike": 10}, effects_since=t0 + 8.6
+    )
+    replica.serve(ok=30)
+    replica.serve(ok=10, latency_s=0.22)  # one row: 30 before the fault, 10 delayed
+    health.tick(now=t0 + 9.2, act=False)
+    drills.run_advance(run.pk, t0 + 9.3)
+    run.refresh_from_db()
+    assert run.detection["effect_since"] == pytest.approx(t0 + 8.6)
+    assert run.detected_by == "latency_p95", run.detection
+    assert run.detection["values"]["latency_p95"] == 250.0
+    replica.report = None
+
+    def tick(at: float) -> None:
+        replica.serve(ok=40)
+        health.tick(now=at, act=False)
+
+    run = _finish(run, t0, tick)
+    assert run.status == DrillStatus.PASSED, run.verdict
+    since, until = detection.observed_window(run)
+    assert since == pytest.approx(t0 + 8.6)
+    assert run.reverted_at is not None and until == run.reverted_at.timestamp()
 
 
 def test_a_fault_no_replica_reported_never_took_effect(world_a: TenantWorld) -> None:

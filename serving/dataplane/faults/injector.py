@@ -55,6 +55,7 @@ class FaultInjector:
         # They outlive the fault (a drill stepped late still finds them) until another drill.
         self.effects: dict[str, int] = {}
         self.effects_drill: str | None = None
+        self.effects_since: float | None = None  # when the drill's faults arrived here
 
     def configure(self, raw: Mapping[str, Any] | None) -> None:
         before = self.plan
@@ -65,6 +66,7 @@ class FaultInjector:
             self.plan, self.error = NO_FAULTS, str(exc)
         if self.plan.drill and self.plan.drill != self.effects_drill:
             self.effects, self.effects_drill = {}, self.plan.drill  # another drill: from zero
+            self.effects_since = round(self.clock(), 3)
         if self.plan != before:
             logger.warning(
                 "faults now (drill %r): %s",
@@ -245,6 +247,7 @@ class FaultInjector:
             "active": self.active().kinds,
             "effects": dict(self.effects),
             "effects_drill": self.effects_drill,
+            "effects_since": self.effects_since,
             "leak": self.leak.report() if self.leak is not None else None,
             "hung": self.hung(),
             "crash_pending": self.crash_pending,

@@ -151,14 +151,20 @@ def _rows_kv(run: DrillRun, since: float, until: float, key: str) -> list[float]
     return [float((kv or {}).get(key) or 0) for kv in rows]
 
 
-def _sli(run: DrillRun, name: str, since: float, until: float | None) -> float | None:
-    """Error ratio or p95 latency (ms) of the slot's stored rows ending after `since`."""
+def _sli(
+    run: DrillRun, name: str, since: float, until: float | None, ended_by: float | None = None
+) -> float | None:
+    """Error ratio or p95 latency (ms) of the slot's stored rows ending after `since` (and
+    starting before `until`, ending by `ended_by`)."""
     from serving.dataplane.sli import quantile
     from serving.ops.selectors import raw_sli_rows
 
     rows = raw_sli_rows(
         deployment_id=run.deployment_id, group=run.snapshot["group"], since=since, until=until
-    ).values_list("requests", "errors", "latency")
+    )
+    if ended_by is not None:
+        rows = rows.filter(end__lte=to_datetime(ended_by))
+    rows = rows.values_list("requests", "errors", "latency")
     requests = errors = 0
     latency: list[int] = []
     for req, err, hist in rows:
@@ -198,14 +204,23 @@ def observed_window(run: DrillRun) -> tuple[float, float | None]:
     return since, reverted if reverted is not None and reverted > since else None
 
 
+def _baseline_sli(run: DrillRun, name: str, injected: float) -> float | None:
+    """The minute before the injection: rows that started before it and, once a replica says
+    when the fault reached it, ended by then. (A tick that stalled commits one row across the
+    injection, delayed requests and all: it is not the baseline.)"""
+    reached = (run.detection or {}).get("effect_since")
+    ended_by = float(reached) if reached else None
+    return _sli(run, name, injected - BASELINE_S, injected, ended_by)
+
+
 def signal_value(
     run: DrillRun, name: str, reports: list[dict[str, Any]], now: float, *, baseline: bool
 ) -> float | None:
     """The signal's value now (baseline: just before the injection); None: no data."""
     injected = run.injected_at.timestamp() if run.injected_at else now
     if name in ("error_ratio", "latency_p95"):
-        if baseline:  # the minute before the injection (rows that started before it)
-            return _sli(run, name, injected - BASELINE_S, injected)
+        if baseline:
+            return _baseline_sli(run, name, injected)
         since, until = observed_window(run)
         # Every row of that window (up to CATCH_UP_MAX_S back): a busy health tick commits
         # its row late, and a row a step missed must still count at the next one.
@@ -299,9 +314,7 @@ def step(run: DrillRun, now: float) -> None:
     for name in ("error_ratio", "latency_p95"):  # rows a busy tick committed after the injection
         if name in base and base[name] is None and run.injected_at is not None:
             injected = run.injected_at.timestamp()
-            base[name] = _guard(
-                run, name, partial(_sli, run, name, injected - BASELINE_S, injected)
-            )
+            base[name] = _guard(run, name, partial(_baseline_sli, run, name, injected))
     state["baseline"] = base
     values, peak = dict(state.get("values") or {}), dict(state.get("peak") or {})
     for name in declared(run):

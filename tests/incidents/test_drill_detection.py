@@ -271,6 +271,36 @@ def test_a_spike_that_reached_the_replica_late_is_judged_on_the_rows_while_it_wa
     assert run.reverted_at is not None and until == run.reverted_at.timestamp()
 
 
+def test_a_tick_that_stalled_across_the_injection_is_not_the_baseline(
+    world_a: TenantWorld,
+) -> None:
+    """No row before the injection (the worker holding the ticks was killed): the first row
+    spans it, delayed requests and all. It is not the minute before the injection, so the
+    spike is measured against no baseline instead of against itself."""
+    deployment = _ready(world_a)
+    Deployment.objects.filter(pk=deployment.pk).update(
+        status=DeploymentStatus.RUNNING, health_interval_s=1
+    )
+    deployment.refresh_from_db()
+    replica = ReportingReplica(deployment, "stable", "s1")
+    drill = _drill(world_a, deployment, "latency_spike", parameters={"delay_ms": 200})
+    t0 = time.time()
+    replica.serve(ok=0)
+    health.tick(now=t0 - 0.5, act=False)  # the last tick before the stall: no request yet
+    run = _inject(world_a, drill, t0)
+    assert run.detection["baseline"]["latency_p95"] is None
+    replica.serve(ok=30)
+    replica.report = _report(
+        run, "latency_spike", effects={"latency_spike": 10}, effects_since=t0 + 3.0
+    )
+    replica.serve(ok=10, latency_s=0.22)
+    health.tick(now=t0 + 5, act=False)  # one row: from before the injection to now
+    drills.run_advance(run.pk, t0 + 5.1)
+    run.refresh_from_db()
+    assert run.detection["baseline"]["latency_p95"] is None
+    assert run.detected_by == "latency_p95", run.detection
+
+
 def test_a_fault_no_replica_reported_never_took_effect(world_a: TenantWorld) -> None:
     deployment = _ready(world_a)
     Deployment.objects.filter(pk=deployment.pk).update(status=DeploymentStatus.RUNNING)

@@ -159,12 +159,12 @@ def _sli(
     from serving.dataplane.sli import quantile
     from serving.ops.selectors import raw_sli_rows
 
-    rows = raw_sli_rows(
+    stored = raw_sli_rows(
         deployment_id=run.deployment_id, group=run.snapshot["group"], since=since, until=until
     )
     if ended_by is not None:
-        rows = rows.filter(end__lte=to_datetime(ended_by))
-    rows = rows.values_list("requests", "errors", "latency")
+        stored = stored.filter(end__lte=to_datetime(ended_by))
+    rows = stored.values_list("requests", "errors", "latency")
     requests = errors = 0
     latency: list[int] = []
     for req, err, hist in rows:

@@ -224,19 +224,24 @@ def test_a_fault_that_took_effect_but_moved_nothing_fails_as_undetected(
     assert run.effect_at is not None
 
 
+def _spiking_slot(world: TenantWorld) -> tuple[ReportingReplica, Any]:
+    """A running deployment ticked every second, its stable replica and a 200 ms spike drill."""
+    deployment = _ready(world)
+    Deployment.objects.filter(pk=deployment.pk).update(
+        status=DeploymentStatus.RUNNING, health_interval_s=1
+    )
+    deployment.refresh_from_db()
+    replica = ReportingReplica(deployment, "stable", "s1")
+    return replica, _drill(world, deployment, "latency_spike", parameters={"delay_ms": 200})
+
+
 def test_a_spike_that_reached_the_replica_late_is_judged_on_the_rows_while_it_was_in(
     world_a: TenantWorld,
 ) -> None:
     """8 s of a 10 s drill pass before the fault reaches the replica: its 10 delayed requests
     are under 5 % of all since the injection (the p95 there stays 25 ms), but a quarter of
     those since the replica says the fault arrived (`effects_since`)."""
-    deployment = _ready(world_a)
-    Deployment.objects.filter(pk=deployment.pk).update(
-        status=DeploymentStatus.RUNNING, health_interval_s=1
-    )
-    deployment.refresh_from_db()
-    replica = ReportingReplica(deployment, "stable", "s1")
-    drill = _drill(world_a, deployment, "latency_spike", parameters={"delay_ms": 200})
+    replica, drill = _spiking_slot(world_a)
     t0 = time.time()
     replica.serve(ok=40)
     health.tick(now=t0, act=False)
@@ -277,13 +282,7 @@ def test_a_tick_that_stalled_across_the_injection_is_not_the_baseline(
     """No row before the injection (the worker holding the ticks was killed): the first row
     spans it, delayed requests and all. It is not the minute before the injection, so the
     spike is measured against no baseline instead of against itself."""
-    deployment = _ready(world_a)
-    Deployment.objects.filter(pk=deployment.pk).update(
-        status=DeploymentStatus.RUNNING, health_interval_s=1
-    )
-    deployment.refresh_from_db()
-    replica = ReportingReplica(deployment, "stable", "s1")
-    drill = _drill(world_a, deployment, "latency_spike", parameters={"delay_ms": 200})
+    replica, drill = _spiking_slot(world_a)
     t0 = time.time()
     replica.serve(ok=0)
     health.tick(now=t0 - 0.5, act=False)  # the last tick before the stall: no request yet

@@ -6,7 +6,6 @@ tenant's channel are refused."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,17 +35,6 @@ ROUTING_KEY = "R0ut1ngKeyR0ut1ngKeyR0ut1ngKey42"
 def _loopback_receivers_allowed(settings: Any) -> None:
     settings.WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
     settings.PORTAL_BASE_URL = "https://portal.example.org"
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    receiver = Receiver()
-    thread = threading.Thread(target=receiver.server.serve_forever, daemon=True)
-    thread.start()
-    yield receiver
-    receiver.server.shutdown()
-    receiver.server.server_close()
-    thread.join(timeout=5)
 
 
 @pytest.fixture

@@ -8,8 +8,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -75,17 +73,6 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    receiver = Receiver()
-    thread = threading.Thread(target=receiver.server.serve_forever, daemon=True)
-    thread.start()
-    yield receiver
-    receiver.server.shutdown()
-    receiver.server.server_close()
-    thread.join(timeout=5)
 
 
 def _webhook(world: TenantWorld, url: str, **extra: Any) -> str:

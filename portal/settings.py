@@ -149,8 +149,16 @@ DATABASES = {
 # The planner's price of a random page read, per session: 1.1 (PG_RANDOM_PAGE_COST), the value
 # for data in RAM or on SSD, not PostgreSQL's spinning-disk 4, which prices a tenant's index
 # scan above a backward scan of the whole primary key (bench/api_list.py: 0.2 ms vs 0.03 ms).
-DATABASES["default"].setdefault("OPTIONS", {})["options"] = (
-    f"-c random_page_cost={env_float('PG_RANDOM_PAGE_COST', 1.1)}"
+# Added to any `options` the URL already carries (`?options=-c search_path=...`).
+_PG_OPTIONS = DATABASES["default"].setdefault("OPTIONS", {})
+_PG_OPTIONS["options"] = " ".join(
+    filter(
+        None,
+        [
+            _PG_OPTIONS.get("options"),
+            f"-c random_page_cost={env_float('PG_RANDOM_PAGE_COST', 1.1)}",
+        ],
+    )
 )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -138,7 +138,8 @@ def cause_rule_switch(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResp
             changes={"is_active": not rule.is_active},
         )
     except PortalError as exc:  # a rule older than today's checks: edit it first
-        messages.error(request, f"Rule {rule.pk} not switched: {exc.field}: {exc.message}")
+        field = f"{exc.field}: " if exc.field else ""
+        messages.error(request, f"Rule {rule.pk} not switched: {field}{exc.message}")
     else:
         state = "on" if rule.is_active else "off"
         messages.success(request, f"Rule {rule.pk} ({rule.cause}) switched {state}.")

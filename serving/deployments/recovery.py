@@ -5,6 +5,7 @@ hot reload (serving.dataplane.standby). Reads only; None where Redis does not an
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -73,10 +74,16 @@ def published_app(deployment: Deployment) -> tuple[DeploymentRevision, str] | No
 
 
 def redis_client() -> Any:
-    """A client of the portal's Redis that gives up after half a second (pages stay up)."""
+    """A client of the portal's Redis that gives up after half a second (pages stay up); one
+    per process and URL, so a panel polled every 5 s reuses its pool's connections."""
+    return _client(settings.REDIS_URL)
+
+
+@functools.lru_cache(maxsize=4)
+def _client(url: str) -> Any:
     import redis
 
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
+    return redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
 
 
 def deployment_recovery(*, deployment: Deployment) -> dict[str, Any] | None:

@@ -76,3 +76,13 @@ def test_an_existing_cluster_needs_the_portals_address_for_its_nodes() -> None:
     assert _run({**env, "PORTAL_INTERNAL_URL": "http://portal:8000"}, "check").returncode == 0
     bad = _run({**env, "ARTIFACT_DELIVERY": "nfs"}, "check")
     assert bad.returncode != 0 and "ARTIFACT_DELIVERY must be path, portal or s3" in bad.stderr
+
+
+def test_the_planner_setting_is_added_to_the_database_urls_own_options() -> None:
+    """`random_page_cost` joins the `options` a DATABASE_URL already carries, never replaces
+    them (a `search_path` in the URL still applies)."""
+    url = PRODUCTION["DATABASE_URL"].split("?")[0] + "?options=-c%20search_path%3Dpublic"
+    code = "from django.conf import settings; print(settings.DATABASES['default']['OPTIONS'])"
+    result = _run({"DATABASE_URL": url, "PG_RANDOM_PAGE_COST": "1.5"}, "shell", "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert "'options': '-c search_path=public -c random_page_cost=1.5'" in result.stdout

@@ -7,7 +7,9 @@ PORT ?= 8000
 # The tests that need no Ray run on this many pytest-xdist workers (each its own database and
 # Redis db); then the Ray tests run in one process on one session Ray head, alone on the cores
 # (beside other tests their replicas starve and miss their windows). Every test's time is kept in
-# test-artifacts/junit-*.xml (the suite's profile: docs/architecture.md).
+# test-artifacts/junit-*.xml (the suite's profile: docs/architecture.md). Tests that load a vLLM
+# engine in-process (marker `vllm`) run in the second pass too: two engines starting at once on
+# two cores starve each other (EngineDeadError). Both passes always run; either failing fails.
 PYTEST_WORKERS ?= 2
 
 # The suite runs against real PostgreSQL and Redis on 127.0.0.1 (started if stopped).
@@ -62,9 +64,12 @@ test: install-dev
 	$(BIN)/lint-imports
 	$(TEST_ENV) $(BIN)/python manage.py check
 	$(TEST_ENV) $(BIN)/python manage.py makemigrations --check --dry-run
-	$(TEST_ENV) $(BIN)/pytest -m "not ray" $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS)) \
-		--junitxml=test-artifacts/junit-not-ray.xml
-	$(TEST_ENV) $(BIN)/pytest -m ray --junitxml=test-artifacts/junit-ray.xml
+	failed=0; \
+	$(TEST_ENV) $(BIN)/pytest -m "not ray and not vllm" \
+		$(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS)) \
+		--junitxml=test-artifacts/junit-not-ray.xml || failed=1; \
+	$(TEST_ENV) $(BIN)/pytest -m "ray or vllm" --junitxml=test-artifacts/junit-ray.xml || failed=1; \
+	exit $$failed
 
 clean:
 	rm -rf $(VENV) node_modules var .pytest_cache .mypy_cache .ruff_cache

@@ -16,6 +16,7 @@ from serving.engine.testing import write_tiny_checkpoint
 
 pytestmark = [
     pytest.mark.slow,  # vLLM's engine core and worker processes (~30 s)
+    pytest.mark.vllm,
     # vLLM's import uses torch APIs torch deprecates; elsewhere it is imported only in replicas.
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.filterwarnings("ignore::UserWarning"),

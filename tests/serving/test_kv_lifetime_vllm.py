@@ -17,6 +17,7 @@ from serving.engine.testing import VLLM_SHAPE, write_tiny_checkpoint
 # vLLM and torch warn on import (deprecations of theirs); the replicas run them the same way.
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.vllm,
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.filterwarnings("ignore::FutureWarning"),
     pytest.mark.filterwarnings("ignore::UserWarning"),

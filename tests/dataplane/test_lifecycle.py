@@ -160,8 +160,13 @@ def test_through_the_router_the_record_has_trace_replica_tokens_and_prefix_hits(
 
     async def post(key: str, request_id: str, **body: Any) -> Any:
         async def receive() -> dict[str, Any]:
-            raw = json.dumps({"prompt": prompt, "max_tokens": 3, **body}).encode()
-            return {"type": "http.request", "body": raw, "more_body": False}
+            # Greedy: sampled at temperature 1, a random model may end on EOS before 3 tokens.
+            payload = {"prompt": prompt, "max_tokens": 3, "temperature": 0, **body}
+            return {
+                "type": "http.request",
+                "body": json.dumps(payload).encode(),
+                "more_body": False,
+            }
 
         headers = [
             (b"authorization", f"Bearer {key}".encode()),

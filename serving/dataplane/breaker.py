@@ -45,6 +45,9 @@ SLOW_FACTOR, SLOW_FLOOR_MS, WARMUP_ANSWERS = 3.0, 250.0, 20
 # The scaled minimum's floor; the rate the canary is tested against: twice the stable's (as
 # bad as the stable is no reason to leave it), at least 1%.
 CANARY_FLOOR, CANARY_BASE_RATE, CANARY_WORSE = 3, 0.01, 2.0
+# How long a canary that has never answered may fail before its failures count: its calls go to
+# the stable meanwhile (Serve bringing up its replicas, weights loading).
+STARTUP_GRACE_S = 30.0
 
 
 class CircuitBreaker:
@@ -182,7 +185,19 @@ class CanaryBreaker(CircuitBreaker):
         self._baseline: tuple[float, float, float] = (-1.0, SLOW_FLOOR_MS / 1000, 0.0)
         self.last_test = 1.0  # the last comparison's p-value (published)
         self.first_answer_at: float | None = None
+        self.first_failure_at: float | None = None  # the first call it failed before answering
         self.answers = 0
+
+    def starting(self) -> bool:
+        """Not answered yet, and its first failure is under STARTUP_GRACE_S old: its calls
+        still go to the stable (replicas coming up, weights loading). A canary that failed
+        every call for longer is broken, not starting: its failures count from then on."""
+        if self.first_answer_at is not None:
+            return False
+        now = self.clock()
+        if self.first_failure_at is None:
+            self.first_failure_at = now
+        return now - self.first_failure_at < STARTUP_GRACE_S
 
     def min_requests(self) -> int:
         """The minimum scaled to the canary's share of the traffic: as much of the stable's

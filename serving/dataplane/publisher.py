@@ -4,6 +4,7 @@ snapshot to Redis once a second (the version slots' SLI windows, the routers' st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -51,6 +52,15 @@ class Publisher:
         self.prefix = telemetry.get("prefix", "portal")
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    def stop(self) -> None:
+        """No more publishes (the replica is stopping); a snapshot on its way may still land."""
+        task, self._task = self._task, None
+        if task is not None:
+            # RuntimeError: its loop is closed (an object collected after its test).
+            with contextlib.suppress(RuntimeError):
+                task.cancel()
+        self.redis_url = None
 
     async def _loop(self) -> None:
         while True:

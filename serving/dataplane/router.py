@@ -96,6 +96,16 @@ class Router:
         self._pool_gate: asyncio.Semaphore | None = None
         self._pool_slots = 0
 
+    def __del__(self) -> None:
+        """Serve stops the router on purpose: its in-process stable slot says so (a vLLM one
+        also stops its engine), so the health check does not count it lost."""
+        local = getattr(self, "local", None)
+        if local is not None:
+            local.__del__()
+        publisher = getattr(self, "publisher", None)
+        if publisher is not None:
+            publisher.stop()
+
     async def reconfigure(self, config: dict[str, Any]) -> None:
         if self.local is not None:
             # Weights first: a hot reload finishes before the new split routes to them.
@@ -325,15 +335,16 @@ class Router:
         return await self.retirements.first(app, response, response), None
 
     def _to_stable(self, group: str, breaker: CircuitBreaker, exc: Exception) -> bool:
-        """Does the stable slot answer a request the canary failed? Retired; or before the
-        canary's first answer, unless a drill injected the failure or the canary refused."""
+        """Does the stable slot answer a request the canary failed? Retired; or while the
+        canary is starting (no answer yet, failing for under STARTUP_GRACE_S), unless a drill
+        injected the failure or the canary refused."""
         if group != "canary" or "stable" not in self.groups:
             if isinstance(exc, Retired):
                 raise Refused(503, "no_version", "the version was retired") from None
             return False
         if isinstance(exc, Retired):
             return True
-        starting = isinstance(breaker, CanaryBreaker) and breaker.first_answer_at is None
+        starting = isinstance(breaker, CanaryBreaker) and breaker.starting()
         injected = unwrap_as(exc, InjectedFault) is not None
         return starting and not injected and unwrap_refused(exc) is None
 

@@ -180,6 +180,41 @@ def sli_key(prefix: str, app: str, group: str) -> str:
     return f"{prefix}:sli:{app}:{group}"
 
 
+def stopped_key(prefix: str, app: str, group: str) -> str:
+    """Replicas of the slot that Serve stopped on purpose (a scale-down, a rollout, a delete):
+    field replica id, value `{"version", "totals", "at"}`, their last counts. A replica whose
+    value went stale without an entry here did not stop on purpose: the health check counts it
+    lost (`replica_restarts`). Not under `<prefix>:sli:`, which readers scan for windows."""
+    return f"{prefix}:sli-stopped:{app}:{group}"
+
+
+STOPPED_TTL_S = 330  # over the longest health interval (300 s): every tick sees a goodbye
+
+
+def farewell(redis_url: str, prefix: str, recorder: SliRecorder) -> None:
+    """A replica Serve stops gracefully says so (from `__del__`, which Serve calls then; a
+    crash never runs it): its value leaves the slot's hash and its last totals go to the
+    stopped hash, in one transaction. Synchronous: `__del__` may not await. Never raises."""
+    import redis
+
+    now = time.time()
+    final = SliWindow(started=recorder.totals.started)  # the totals with the open window in
+    final.merge(recorder.totals)
+    final.merge(recorder.current)
+    last = {"version": recorder.version, "totals": final.as_dict(now)}
+    try:
+        client = redis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        with client.pipeline(transaction=True) as pipe:
+            pipe.hdel(sli_key(prefix, recorder.app, recorder.group), recorder.replica)
+            key = stopped_key(prefix, recorder.app, recorder.group)
+            pipe.hset(key, recorder.replica, json.dumps({**last, "at": now}, separators=(",", ":")))
+            pipe.expire(key, STOPPED_TTL_S)
+            pipe.execute()
+        client.close()
+    except Exception as exc:  # a goodbye that failed reads as a lost replica: no worse
+        print(f"replica {recorder.replica}: stop not recorded ({exc})", file=sys.stderr)
+
+
 async def publish(redis: Any, prefix: str, snapshot: dict[str, Any], ttl_s: int = 10) -> None:
     key = sli_key(prefix, snapshot["app"], snapshot["group"])
     payload = json.dumps(snapshot, separators=(",", ":"))

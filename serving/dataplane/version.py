@@ -20,7 +20,7 @@ from serving.dataplane.keys import request_priority
 from serving.dataplane.kv_checks import KvChecks
 from serving.dataplane.openai import first_stop
 from serving.dataplane.publisher import Publisher, replica_id
-from serving.dataplane.sli import SliRecorder, publish
+from serving.dataplane.sli import SliRecorder, farewell, publish
 from serving.dataplane.standby import Standby
 from serving.dataplane.weights import WeightLoading
 
@@ -55,6 +55,23 @@ class VersionCore(WeightLoading):
         self.fetched: dict[str, Any] = {}  # how the loaded weights reached this node
         self.standby = Standby()  # the last good weights, in memory (serving.dataplane.standby)
         self.kv_checks = KvChecks()  # cache lifetime policy and integrity scan
+
+    def stop(self) -> None:
+        """Serve is stopping this replica on purpose: publish no more and say so, so that the
+        health check does not count it lost (a crash never gets here). Idempotent."""
+        publisher = getattr(self, "publisher", None)  # None: __init__ did not finish
+        if publisher is None or getattr(self, "_stopped", False):
+            return
+        self._stopped = True
+        url, prefix = publisher.redis_url, publisher.prefix
+        publisher.stop()
+        if url:
+            farewell(url, prefix, self.recorder)
+
+    def __del__(self) -> None:
+        """Serve calls this when it stops the replica gracefully (a scale-down, a rollout's
+        old replicas, a delete); a process that exits or is killed never does."""
+        self.stop()
 
     def _published(self) -> dict[str, Any]:
         """Once a second: the SLI window for Redis, after giving back what a departed probe

@@ -99,7 +99,9 @@ class VllmCore(VersionCore):
         return {**super().stats(), "engine": "vllm"}
 
     def __del__(self) -> None:
-        """Serve calls this when it stops the replica: vLLM's processes go with it."""
+        """Serve calls this when it stops the replica: it says so (VersionCore) and vLLM's
+        processes go with it."""
+        super().__del__()
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()

@@ -16,6 +16,7 @@ from serving.dataplane.breaker import (
     CLOSED,
     HALF_OPEN,
     OPEN,
+    STARTUP_GRACE_S,
     BreakerConfig,
     CanaryBreaker,
     CircuitBreaker,
@@ -231,11 +232,18 @@ def test_a_canary_that_never_answered_yet_hands_its_calls_to_the_stable(tmp_path
             response = await post()
             assert response.status_code == 200 and response.headers["x-ab-group"] == "stable"
         assert canary.calls == 5 and breaker.failures == 0 and breaker.state == CLOSED
-        # Once it has answered, its failures are its own: they reach the client and count.
-        breaker.first_answer_at = 0.0
+        # Failing every call past the start-up grace: broken, not starting (a crash loop).
+        # Its failures are its own from then on, so its breaker can open and the portal see it.
+        assert breaker.first_failure_at is not None
+        breaker.first_failure_at -= STARTUP_GRACE_S
         response = await post()
         assert response.status_code == 502 and response.headers["x-ab-group"] == "canary"
         assert breaker.failures == 1
+        # Once it has answered, its failures are its own too.
+        breaker.first_failure_at, breaker.first_answer_at = None, 0.0
+        response = await post()
+        assert response.status_code == 502 and response.headers["x-ab-group"] == "canary"
+        assert breaker.failures == 2
 
     try:
         asyncio.run(scenario())

@@ -130,6 +130,36 @@ def test_a_tick_that_lost_its_lease_leaves_the_new_holders_lock(world_a: TenantW
     r.delete(key)
 
 
+def test_a_tick_that_stalled_past_its_lease_writes_nothing(
+    world_a: TenantWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another worker took the shard over while this tick stalled (its keeper thread could
+    not renew in time): the stalled tick's rows, state and actions would race the new
+    holder's, so it drops them."""
+    from serving.ops.health import slots
+
+    deployment = _ready(world_a)
+    Replica(deployment, "stable", "r1").serve(ok=6, failed=1)
+    keys, r = health.health_keys(), _client()
+    key = shard_lock_key(keys["lock"], 0, 1)
+    evaluate = slots.evaluate_slots
+
+    def stall_then_evaluate(*args: Any, **kwargs: Any) -> Any:
+        r.set(key, "took-over", px=10_000)  # the lease ran out meanwhile and was re-taken
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(slots, "evaluate_slots", stall_then_evaluate)
+    report = health.tick(now=time.time(), act=True)
+    assert report["lost"] is True and report["rows"] == 0
+    assert _measured(deployment) == []
+    assert not r.hexists(keys["state"], f"{deployment.pk}:stable")
+    assert r.get(key) == b"took-over"  # and the new holder's lock stays
+    r.delete(key)
+    monkeypatch.setattr(slots, "evaluate_slots", evaluate)
+    assert health.tick(now=time.time() + 2, act=False)["rows"] == 1
+    assert _measured(deployment) == [7]
+
+
 def test_a_dead_workers_shard_is_taken_by_the_next_tick(
     world_a: TenantWorld, world_b: TenantWorld, monkeypatch: pytest.MonkeyPatch
 ) -> None:

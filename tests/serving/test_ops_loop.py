@@ -5,6 +5,7 @@ evaluates them against the contract, and a breach opens one incident and one rol
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from typing import Any
@@ -506,3 +507,128 @@ def test_reported_drift_and_stale_features_breach_their_objectives(world_a: Tena
     status = {o["name"]: o for o in
               health.deployment_health(deployment.pk)["slots"]["stable"]["objectives"]}  # fmt: skip
     assert status["prompt-drift"]["ok"] is True and status["profile-fresh"]["ok"] is True
+
+
+def _go_silent(deployment: Deployment, group: str, name: str, ago_s: float = 6.0) -> None:
+    """The replica's last value, as if it stopped publishing `ago_s` ago (a crash, a kill)."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    key = f"{settings.SLI_KEY_PREFIX}:sli:{deployment.tenant.slug}.{deployment.name}:{group}"
+    value = json.loads(client.hget(key, name) or b"{}")
+    value["window"]["end"] = time.time() - ago_s
+    client.hset(key, name, json.dumps(value))
+
+
+def _restarts(deployment: Deployment) -> int:
+    last = SliSample.objects.filter(deployment=deployment, resolution=Resolution.RAW).latest("end")
+    return int(last.kv["replica_restarts"])
+
+
+def test_a_replica_that_crashed_while_a_sibling_publishes_is_counted_lost_once(
+    world_a: TenantWorld,
+) -> None:
+    deployment = _ready(world_a)
+    r1, r2 = Replica(deployment, "stable", "r1"), Replica(deployment, "stable", "r2")
+    r1.serve(ok=4)
+    r2.serve(ok=4)
+    now = time.time()
+    health.tick(now=now, act=False)
+    # r1 dies; r2 keeps publishing, which keeps the hash (and r1's last value) alive.
+    _go_silent(deployment, "stable", "r1")
+    r2.serve(ok=2)
+    health.tick(now=now + 2, act=False)
+    assert _restarts(deployment) == 1
+    r2.serve(ok=2)
+    health.tick(now=now + 4, act=False)
+    assert _restarts(deployment) == 0  # still silent: counted once
+    # Its value finally leaves the hash (expired): not counted a second time.
+    redis.Redis.from_url(settings.REDIS_URL).hdel(
+        f"{settings.SLI_KEY_PREFIX}:sli:acme.assistant:stable", "r1"
+    )
+    r2.serve(ok=2)
+    health.tick(now=now + 6, act=False)
+    assert _restarts(deployment) == 0
+    assert _stored_requests(deployment) == 8 + 2 + 2 + 2
+
+
+def _stored_requests(deployment: Deployment) -> int:
+    rows = SliSample.objects.filter(deployment=deployment, resolution=Resolution.RAW)
+    return sum(r.requests for r in rows)
+
+
+def test_a_replica_serve_stopped_on_purpose_is_not_lost_and_its_last_requests_count(
+    world_a: TenantWorld,
+) -> None:
+    from serving.dataplane.version import VersionCore
+
+    deployment = _ready(world_a)
+    r2 = Replica(deployment, "stable", "r2")
+    core = VersionCore(deployment.serve_app, "stable", {})
+    core.recorder = Replica(deployment, "stable", "r1").recorder
+    core.publisher.redis_url, core.publisher.prefix = settings.REDIS_URL, settings.SLI_KEY_PREFIX
+    for _ in range(3):
+        core.recorder.current.record(latency_s=0.01, ok=True)
+    asyncio.run(_send(core.recorder.roll()))
+    r2.serve(ok=1)
+    now = time.time()
+    health.tick(now=now, act=False)
+    # Two more requests end, then Serve stops the replica (a scale-down): `__del__` says so.
+    for _ in range(2):
+        core.recorder.current.record(latency_s=0.01, ok=True)
+    core.__del__()
+    core.__del__()  # Python's own call at collection: nothing more
+    r2.serve(ok=1)
+    health.tick(now=now + 2, act=False)
+    assert _restarts(deployment) == 0
+    assert _stored_requests(deployment) == 3 + 1 + 2 + 1
+    stopped = redis.Redis.from_url(settings.REDIS_URL).hgetall(
+        f"{settings.SLI_KEY_PREFIX}:sli-stopped:acme.assistant:stable"
+    )
+    assert list(stopped) == [b"r1"]
+    # Later ticks neither count it nor its requests again.
+    r2.serve(ok=1)
+    health.tick(now=now + 4, act=False)
+    assert _restarts(deployment) == 0 and _stored_requests(deployment) == 8
+
+
+async def _send(snapshot: dict[str, Any]) -> None:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    await publish(client, settings.SLI_KEY_PREFIX, snapshot)
+    await client.aclose()
+
+
+def test_lost_replicas_spares_other_versions_and_counts_a_resumed_one_again() -> None:
+    from serving.ops.health.slots import lost_replicas
+
+    def value(name: str, version: str) -> dict[str, Any]:
+        return {"replica": name, "version": version}
+
+    seen = {"a": {}, "b": {}, "old": {}}
+    published = [value("a", "v2"), value("b", "v2"), value("old", "v1")]
+    fresh = [value("b", "v2")]
+    # a (this version) and old (the previous one, a rollout's) went silent.
+    gone, lost = lost_replicas(seen, seen, {}, published, fresh, None, "v2")
+    assert (gone, lost) == (1, ["a"])
+    gone, lost = lost_replicas(seen, seen, {}, published, fresh, lost, "v2")
+    assert (gone, lost) == (0, ["a"])
+    # a resumes (a long pause), then goes silent again: a second loss.
+    gone, lost = lost_replicas(seen, seen, {}, published, published[:2], lost, "v2")
+    assert (gone, lost) == (0, [])
+    gone, lost = lost_replicas(seen, seen, {}, published, fresh, lost, "v2")
+    assert (gone, lost) == (1, ["a"])
+    # b's value left the hash with no goodbye (the hash expired): lost; a stopped one is not.
+    now_seen = {"a": {}, "old": {}}
+    gone, _ = lost_replicas(seen, now_seen, {}, published[::2], [], lost, "v2")
+    assert gone == 1
+    gone, _ = lost_replicas(seen, now_seen, {"b": {}}, published[::2], [], lost, "v2")
+    assert gone == 0
+
+
+def test_the_stopped_key_is_the_data_planes() -> None:
+    from serving.dataplane.sli import stopped_key
+    from serving.ops.health.state import health_keys
+
+    assert stopped_key(settings.SLI_KEY_PREFIX, "t.d", "stable") == (
+        f"{health_keys()['sli_stopped']}:t.d:stable"
+    )

@@ -87,7 +87,9 @@ def tick(
     report: dict[str, Any] = {"deployments": 0}
     lease.keep()
     try:
-        report = tick_slots(now, r, keys, serve_url, act, deployment_ids, (shard, shards))
+        report = tick_slots(
+            now, r, keys, serve_url, act, deployment_ids, (shard, shards), held=lease.held
+        )
     finally:
         lease.stop()
         seconds = time.perf_counter() - started

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -55,8 +55,11 @@ def tick_slots(
     act: bool,
     deployment_ids: list[int] | None,
     shard: tuple[int, int] = (0, 1),
+    held: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
-    """One tick's work over the targets (of one shard), under the lease `tick()` holds."""
+    """One tick's work over the targets (of one shard), under the lease `tick()` holds.
+    `held()` says, before anything is written, whether that lease is still this tick's: a
+    process that stalled past it (another worker took the shard over) writes nothing."""
     targets = health_targets(deployment_ids=deployment_ids, shard=shard)
     slots: list[tuple[Target, str]] = [(t, g) for t in targets for g in t.groups]
     ids = [str(t.deployment.pk) for t in targets]
@@ -68,6 +71,8 @@ def tick_slots(
             pipe.hgetall(f"{keys['sli']}:{target.app}:{group}")
         for target in targets:
             pipe.hgetall(f"{keys['router']}:{target.app}")
+        for target, group in slots:
+            pipe.hgetall(f"{keys['sli_stopped']}:{target.app}:{group}")
         series_cache.queue_read(pipe, keys["signals"], now, slot_names)
         pipe.hmget(keys["consistency"], slot_names or ["-"])
         pipe.hgetall(keys["gpu_latest"])
@@ -81,6 +86,7 @@ def tick_slots(
         (t.app, g): raw for (t, g), raw in zip(slots, published, strict=True)
     }
     routers_raw = read[len(slots) : len(slots) + len(targets)]
+    stopped_raw = read[len(slots) + len(targets) : 2 * len(slots) + len(targets)]
     signal_reads = series_cache.parse_read(read[-6], slot_names)
     consistency = dict(zip(slot_names, read[-5], strict=False))
     states = dict(zip(slot_fields, read[-3], strict=False))
@@ -112,7 +118,9 @@ def tick_slots(
     results: dict[Slot, SlotResult] = {}
     new_states: dict[str, str] = {}
     rows: list[SliSample] = []
-    for (target, group), replicas_raw in zip(slots, published, strict=False):
+    for (target, group), replicas_raw, stopped_now in zip(
+        slots, published, stopped_raw, strict=False
+    ):
         state_raw = states.get(f"{target.deployment.pk}:{group}")
         dep = target.deployment
         if dep.pk not in due_ids:
@@ -128,10 +136,14 @@ def tick_slots(
             state["since"] = now
         cumulative = Counts.from_dict(state["cum"]) if state.get("cum") and not fresh else Counts()
         delta = Counts()
+        # Replicas Serve stopped on purpose said so with their last totals (one whose last
+        # publish landed after its goodbye is still stopped).
+        stopped = {_text(k): json.loads(v) for k, v in stopped_now.items()}
+        published_now = [json.loads(v) for v in replicas_raw.values()]
+        published_now = [s for s in published_now if str(s.get("replica")) not in stopped]
+        decoded[(target.app, group)] = published_now
         # A stopped replica's last value lingers in the hash while others refresh its TTL: it is
         # not counted, but its baseline stays while its value does.
-        published_now = [json.loads(v) for v in replicas_raw.values()]
-        decoded[(target.app, group)] = published_now
         replicas = [
             snapshot
             for snapshot in published_now
@@ -154,9 +166,17 @@ def tick_slots(
             if not (fresh and before is not None):  # a known replica joins a new episode at 0
                 delta = delta + replica_delta(totals, Counts.from_dict(before) if before else None)
             now_seen[replica["replica"]] = totals.to_dict()
+        for name, last in stopped.items():
+            before = seen.get(name)
+            if before is not None and last.get("version") == version and not fresh:
+                # What it served between the last tick and its goodbye.
+                totals = counts_of_totals(last.get("totals") or {})
+                delta = delta + replica_delta(totals, Counts.from_dict(before))
         fresh_replicas = replicas
         replicas = [r for r in replicas if r.get("version") == version]
-        gone = len(set(seen) - set(now_seen)) if seen else 0
+        gone, lost = lost_replicas(
+            seen, now_seen, stopped, published_now, fresh_replicas, state.get("lost"), version
+        )
         ok, ms, status = probes.get(dep.pk, (None, None, None))
         if group == "stable" and ok is False and status != 502:
             delta.requests += 1  # the version never saw it: count the failure here
@@ -229,6 +249,7 @@ def tick_slots(
                 "since": state["since"],
                 "cum": cumulative.to_dict(),
                 "replicas": now_seen,
+                "lost": lost,
                 "minute": minute,
             },
             separators=(",", ":"),
@@ -276,6 +297,10 @@ def tick_slots(
             },
             separators=(",", ":"),
         )
+    if held is not None and not held():
+        logger.warning("health tick %s lost its lease mid-way: its findings are dropped", shard)
+        return {"deployments": len(targets), "due": len(due), "slots": 0, "rows": 0,
+                "probes": len(probes), "firing": 0, "actions": [], "lost": True}  # fmt: skip
     insert_samples(rows)
     # A canary that left ends its episode (one that comes back starts from zero) but keeps its
     # replicas' baselines: a lingering old replica's counts never land in the next episode.
@@ -330,6 +355,38 @@ def tick_slots(
         "firing": sum(len(a) for a in firing.values()),
         "actions": actions,
     }
+
+
+def lost_replicas(
+    seen: Mapping[str, Any],
+    now_seen: Mapping[str, Any],
+    stopped: Mapping[str, Any],
+    published: list[dict[str, Any]],
+    fresh: list[dict[str, Any]],
+    counted: list[str] | None,
+    version: str,
+) -> tuple[int, list[str]]:
+    """Replicas of the slot that went away without Serve stopping them (a crash, a kill, a
+    hung event loop), each counted once: one of this version whose value went stale while a
+    sibling keeps the hash alive, or whose value left the hash without a goodbye. Serve's own
+    stops (a scale-down, a rollout's old replicas, a delete) said so and are not counted; nor
+    is a stale replica of another version. Returns the count and the stale replicas already
+    counted (the state keeps them, so that one is not counted again when its value expires)."""
+    if not seen:
+        return 0, []
+    fresh_ids = {str(r.get("replica")) for r in fresh}
+    stale_all = {
+        str(s.get("replica")) for s in published if str(s.get("replica")) not in fresh_ids
+    } & set(now_seen)
+    stale = {str(s.get("replica")) for s in published if s.get("version") == version} & stale_all
+    vanished = set(seen) - set(now_seen) - set(stopped)
+    already = set(counted or ())
+    new = (stale | vanished) - already
+    return len(new), sorted((already | new) & stale_all)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def shard_key(keys: dict[str, str], shard: tuple[int, int]) -> str:

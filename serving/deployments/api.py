@@ -288,7 +288,9 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
             actor=self.ctx.actor,
             deployment=deployment,
             changes=data,
-            reason="changed " + ", ".join(sorted(data)) if data else "no change",
+            reason=services.change_reason(
+                deployment=deployment, changes=data, unchanged="no change"
+            ),
         )
         return self._out(deployment)
 

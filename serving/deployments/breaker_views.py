@@ -169,15 +169,16 @@ def breaker_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
         return _page(request, deployment, form)
     before = deployment.current_revision_id
     changes = form.settings()
-    spec = deployment.current_revision.spec() if deployment.current_revision else {}
-    named = sorted(k for k, v in changes.items() if spec.get(k) != v)
+    reason = deployments.change_reason(
+        deployment=deployment, changes=changes, unchanged="guard and breaker saved"
+    )
     try:
         revision = deployments.deployment_change(
             tenant=tenant,
             actor=page_actor(request),
             deployment=deployment,
             changes=changes,
-            reason="changed " + ", ".join(named) if named else "guard and breaker saved",
+            reason=reason,
         )
     except PortalError as exc:
         form_error(form, exc)

@@ -1,9 +1,9 @@
 """What a deployment or a change would cost before it is made (issue 19, item 3): its
 replicas, GPUs and KV blocks against what the tenant's other live deployments hold and its
 quota, and whether the cluster as it is can place its replicas. Read-only: the same spec
-cleaning, usage rule and placement as `deployment_create` and `deployment_change`
-(check_quota, capacity.check_fits), without writing anything; a setting that would be
-refused comes back as that refusal."""
+cleaning, quota reading (`quota_usage`, the GPU memory cap per replica) and placement as
+`deployment_create` and `deployment_change` (check_quota, capacity.check_fits), without
+writing anything; a setting that would be refused comes back as that refusal."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from typing import Any
 from portal.exceptions import ConflictError
 from serving.deployments import capacity
 from serving.deployments.models import Deployment, KvMode
+from serving.deployments.replica_memory import check_replica_memory
 from serving.deployments.services.revisions import changed_spec
-from serving.deployments.services.spec import live_deployments, new_deployment_spec, spec_usage
+from serving.deployments.services.spec import new_deployment_spec, quota_usage, spec_usage
 from serving.registry.selectors import version_get_deployable
-from tenants.models import Quota, Tenant
+from tenants.models import Tenant
 
 RESOURCES = (
     ("replicas", "Replicas", "max_replicas"),
@@ -48,20 +49,16 @@ def deployment_change_cost(
 
 
 def _cost(*, tenant: Tenant, spec: dict[str, Any], deployment: Deployment | None) -> dict[str, Any]:
-    quota = Quota.objects.get(tenant=tenant)
-    others = {key: 0.0 for key, _, _ in RESOURCES}
-    live = list(live_deployments(tenant=tenant).select_related("current_revision"))
+    usage = quota_usage(tenant=tenant, spec=spec, replacing=deployment)
+    quota = usage.quota
+    # A replica over the tenant's GPU memory cap is refused whatever the totals: that refusal.
+    check_replica_memory(quota=quota, spec=spec)
     current = deployment.current_revision if deployment is not None else None
     before = spec_usage(spec=current.spec()) if current is not None else None
-    for other in live:
-        if other.current_revision is not None and other != deployment:
-            for key, value in spec_usage(spec=other.current_revision.spec()).items():
-                others[key] += value
-    this = spec_usage(spec=spec)
-    count = len(live) - (1 if deployment is not None else 0)
-    rows = [_row("deployments", "Deployments", 1, count, quota.max_deployments)]
+    rows = [_row("deployments", "Deployments", 1, usage.count, quota.max_deployments)]
     for key, label, limit_name in RESOURCES:
-        rows.append(_row(key, label, this[key], others[key], int(getattr(quota, limit_name))))
+        limit = int(getattr(quota, limit_name))
+        rows.append(_row(key, label, usage.this[key], usage.others[key], limit))
         rows[-1]["before"] = before[key] if before is not None else None
     rows[0]["before"] = 1 if before is not None else None
     return {

@@ -252,15 +252,16 @@ def deployment_scale(request: HttpRequest, tenant: Tenant, pk: int) -> HttpRespo
     form = forms.DeploymentSettingsForm(request.POST)
     if form.is_valid():
         changes = form.settings()
-        current = deployment.current_revision.spec() if deployment.current_revision else {}
-        named = sorted(k for k, v in changes.items() if current.get(k) != v)
+        reason = deployments.change_reason(
+            deployment=deployment, changes=changes, unchanged="settings saved"
+        )
         try:
             deployments.deployment_change(
                 tenant=tenant,
                 actor=page_actor(request),
                 deployment=deployment,
                 changes=changes,
-                reason="changed " + ", ".join(named) if named else "settings saved",
+                reason=reason,
             )
         except PortalError as exc:
             form_error(form, exc)

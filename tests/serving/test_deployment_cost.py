@@ -126,3 +126,20 @@ def test_the_scale_and_canary_panels_show_now_and_after_the_change(
     assert client.post(scale, _scale_data(revision)).status_code == 403
     client.force_login(world_b.owner)
     assert client.post(scale, _scale_data(revision)).status_code == 404
+
+
+def test_the_panel_refuses_a_replica_over_the_gpu_memory_cap_as_the_create_would(
+    client: Any, world_a: TenantWorld
+) -> None:
+    """Within every quota total but one replica over the tenant's GPU memory cap: the create
+    refuses it (tests/serving/test_gpu_memory_cap.py), so the preview does not say it fits."""
+    Quota.objects.filter(tenant=world_a.tenant).update(
+        max_gpu_memory_mb_per_replica=40, max_kv_blocks=100_000
+    )
+    client.force_login(world_a.operator)
+    url = reverse("serving-deployment-cost", args=[world_a.tenant.slug])
+    html = client.post(url, _create_data(world_a, kv_blocks=3000)).content.decode()
+    assert 'data-testid="cost-problems"' in html and "max_gpu_memory_mb_per_replica" in html
+    assert "KV" in html.split('data-testid="cost-problems"')[1]  # the field it names
+    fits = client.post(url, _create_data(world_a, kv_blocks=256)).content.decode()
+    assert 'data-testid="cost-table"' in fits and 'data-testid="cost-problems"' not in fits

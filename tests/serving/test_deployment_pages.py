@@ -290,6 +290,14 @@ def test_scale_form_changes_replicas_and_shows_quota_inline(
     assert "quota is 4 (max_replicas)" in _field_block(refused.content, "num_replicas")
     page = client.get(_url(world_a, "serving-deployment"))
     assert "num_replicas 1 -> 3" in page.content.decode()
+    # Through the API the reason is built the same way: only the fields that change.
+    patched = world_a.client().patch(
+        f"/api/v1/deployments/{deployment.pk}/",
+        {"num_replicas": 3, "num_cpus": 0.5},
+        format="json",
+    )
+    assert patched.status_code == 200, patched.content
+    assert _deployment(world_a).current_revision.reason == "changed num_cpus"
 
 
 def test_status_partial_renders_and_polls(client: Any, world_a: TenantWorld) -> None:

@@ -24,6 +24,7 @@ from serving.deployments.services.keys import (
 )
 from serving.deployments.services.pools import POOL_FIELDS, pool_save
 from serving.deployments.services.revisions import (
+    change_reason,
     current_revision,
     deployment_change,
     locked_deployment,
@@ -50,6 +51,7 @@ __all__ = [
     "KEY_PREFIX",
     "check_quota",
     "clean_spec",
+    "change_reason",
     "current_revision",
     "deployment_change",
     "deployment_create",

@@ -113,6 +113,14 @@ def changed_spec(
     )
 
 
+def change_reason(*, deployment: Deployment, changes: dict[str, Any], unchanged: str) -> str:
+    """A revision's reason for a settings change: "changed a, b" (the fields whose value
+    differs from the current revision's), else `unchanged`."""
+    current = deployment.current_revision.spec() if deployment.current_revision else {}
+    named = sorted(k for k, v in changes.items() if current.get(k) != v)
+    return "changed " + ", ".join(named) if named else unchanged
+
+
 def deployment_change(
     *,
     tenant: Tenant,

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -244,31 +245,54 @@ def spec_usage(*, spec: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def check_quota(*, tenant: Tenant, spec: dict[str, Any], replacing: Deployment | None) -> None:
-    quota = Quota.objects.select_for_update().get(tenant=tenant)
+QUOTA_LIMITS = (("replicas", "max_replicas"), ("gpus", "max_gpus"), ("kv_blocks", "max_kv_blocks"))
+
+
+@dataclass(frozen=True)
+class QuotaUsage:
+    """A spec against the tenant's quota: what it holds (`this`), what the tenant's other
+    live deployments hold (`others`, `count` of them), and the quota."""
+
+    quota: Quota
+    count: int
+    others: dict[str, float]
+    this: dict[str, float]
+
+
+def quota_usage(
+    *, tenant: Tenant, spec: dict[str, Any], replacing: Deployment | None, lock: bool = False
+) -> QuotaUsage:
+    """The one reading of a spec against the quota, for the check (`lock`: the quota row
+    locked until the transaction ends, so two creates cannot both fit) and the preview."""
+    quotas = Quota.objects.select_for_update() if lock else Quota.objects
+    quota = quotas.get(tenant=tenant)
     others = live_deployments(tenant=tenant).select_related("current_revision")
     if replacing is not None:
         others = others.exclude(pk=replacing.pk)
-    if replacing is None and others.count() + 1 > quota.max_deployments:
-        raise QuotaExceeded(
-            f"the tenant may run {quota.max_deployments} deployments and has {others.count()}.",
-            field="max_deployments",
-        )
-    total = spec_usage(spec=spec)
+    held = {key: 0.0 for key, _ in QUOTA_LIMITS}
+    count = 0
     for other in others:
+        count += 1
         if other.current_revision is not None:
             for key, value in spec_usage(spec=other.current_revision.spec()).items():
-                total[key] += value
-    limits = {
-        "replicas": quota.max_replicas,
-        "gpus": quota.max_gpus,
-        "kv_blocks": quota.max_kv_blocks,
-    }
-    for key, limit in limits.items():
-        if total[key] > limit:
+                held[key] += value
+    return QuotaUsage(quota=quota, count=count, others=held, this=spec_usage(spec=spec))
+
+
+def check_quota(*, tenant: Tenant, spec: dict[str, Any], replacing: Deployment | None) -> None:
+    usage = quota_usage(tenant=tenant, spec=spec, replacing=replacing, lock=True)
+    quota = usage.quota
+    if replacing is None and usage.count + 1 > quota.max_deployments:
+        raise QuotaExceeded(
+            f"the tenant may run {quota.max_deployments} deployments and has {usage.count}.",
+            field="max_deployments",
+        )
+    for key, limit_name in QUOTA_LIMITS:
+        total, limit = usage.this[key] + usage.others[key], int(getattr(quota, limit_name))
+        if total > limit:
             field = {"replicas": "num_replicas", "gpus": "num_gpus", "kv_blocks": "kv_blocks"}[key]
             raise QuotaExceeded(
-                f"this needs {total[key]:g} {key.replace('_', ' ')} in all; the tenant's quota "
+                f"this needs {total:g} {key.replace('_', ' ')} in all; the tenant's quota "
                 f"is {limit} (max_{key}).",
                 field=field,
             )

@@ -15,7 +15,8 @@ def health_tick() -> dict[str, object]:
     """Probe, read the replicas' SLI counters, store and evaluate them against the contracts,
     act on breaches, advance rollouts (beat, every HEALTH_TICK_S). With HEALTH_SHARDS > 1,
     one `health_tick_shard` task per shard instead, all at this tick's time, for whichever
-    health workers are free (a message a tick late finds nothing due: it expires)."""
+    health workers are free (a message left in a backlog expires after five ticks, and one
+    run over a tick late ticks at its own time, not the beat's)."""
     import time
 
     shards = max(1, int(settings.HEALTH_SHARDS))
@@ -33,9 +34,18 @@ def health_tick() -> dict[str, object]:
 @task(name="serving.health_tick_shard", queue="health", time_limit=30)
 def health_tick_shard(shard: int, shards: int, now: float | None = None) -> dict[str, object]:
     """One shard's health tick (deployments `pk % shards == shard`) under its lease: skipped
-    while another worker ticks that shard; a dead worker's shard is free LEASE_S later."""
+    while another worker ticks that shard; a dead worker's shard is free LEASE_S later.
+    `now` is the beat's time, shared by the shards of one tick; a message that waited over
+    a tick in the queue ticks at its own time (its rows would be stamped seconds late)."""
+    import time
+
     from serving.control.cluster import ray_target_from_env
     from serving.ops import health
+
+    beat: dict[str, Any] = settings.CELERY_BEAT_SCHEDULE["health-tick"]
+    late_after = float(beat["schedule"])
+    if now is not None and time.time() - now > late_after:
+        now = None
 
     try:
         serve_url: str | None = ray_target_from_env().serve_url

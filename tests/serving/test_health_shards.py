@@ -223,6 +223,28 @@ def test_the_beat_task_fans_out_one_tick_per_shard(
     assert sorted(_measured(a)) == [3, 7]
 
 
+def test_a_shard_message_that_waited_over_a_tick_ticks_at_its_own_time(
+    world_a: TenantWorld, settings: Any
+) -> None:
+    """A backlog (workers busy) leaves shard messages queued for up to five ticks: one run
+    late stamps its rows and its visit with the time it ran, not the beat's."""
+    a = _ready(world_a)
+    settings.HEALTH_PROBES = False
+    Replica(a, "stable", "r1").serve(ok=4)
+    interval = float(settings.CELERY_BEAT_SCHEDULE["health-tick"]["schedule"])
+    sent = time.time() - 3 * interval  # the beat sent it three ticks ago
+    before = time.time()
+    tasks.health_tick_shard(0, 1, sent)
+    assert health.deployment_health(a.pk)["checked_at"] >= before
+    row = SliSample.objects.get(deployment=a, resolution=Resolution.RAW)
+    assert row.end.timestamp() >= before
+    # On time, the shards share the beat's time.
+    Replica(a, "stable", "r1").serve(ok=2)
+    on_time = time.time() + 2.5
+    tasks.health_tick_shard(0, 1, on_time)
+    assert health.deployment_health(a.pk)["checked_at"] == on_time
+
+
 def test_the_tick_reads_its_last_visit_from_the_small_hash_or_the_findings(
     world_a: TenantWorld,
 ) -> None:

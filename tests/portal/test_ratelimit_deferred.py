@@ -94,14 +94,27 @@ def test_noscript_after_a_redis_restart_charges_again(monkeypatch: pytest.Monkey
     assert ratelimit.charge_start([bucket]).result() > 0
 
 
+def _throttled(client: Any, executed: _Executed | None = None, **query: str) -> Any:
+    """The first of a few back-to-back lists the tenant's 1 request a second refuses (one
+    would do; more only if the machine paused for a second between two of them)."""
+    for _ in range(5):
+        if executed is not None:
+            executed.sql.clear()
+            with connection.execute_wrapper(executed):
+                response = client.get(reverse("audit-event-list"), query)
+        else:
+            response = client.get(reverse("audit-event-list"), query)
+        if response.status_code == 429:
+            return response
+    raise AssertionError("five lists in a row at 1 request a second: none was refused")
+
+
 def test_a_throttled_list_never_reads_the_table(world_a: TenantWorld) -> None:
     _set_tenant_rps(world_a, 1)
     client = world_a.client("token")
     assert client.get(reverse("audit-event-list")).status_code == 200
     executed = _Executed()
-    with connection.execute_wrapper(executed):
-        response = client.get(reverse("audit-event-list"))
-    assert response.status_code == 429
+    response = _throttled(client, executed)
     assert int(response["Retry-After"]) >= 1
     assert executed.on_audit_table() == []
 
@@ -110,8 +123,7 @@ def test_a_throttled_list_that_fails_before_sql_still_answers_429(world_a: Tenan
     _set_tenant_rps(world_a, 1)
     client = world_a.client("token")
     assert client.get(reverse("audit-event-list")).status_code == 200
-    response = client.get(reverse("audit-event-list"), {"created_after": "not-a-date"})
-    assert response.status_code == 429
+    response = _throttled(client, created_after="not-a-date")
     assert response.json()["error"]["code"] == "rate_limited"
 
 

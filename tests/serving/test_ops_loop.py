@@ -632,3 +632,22 @@ def test_the_stopped_key_is_the_data_planes() -> None:
     assert stopped_key(settings.SLI_KEY_PREFIX, "t.d", "stable") == (
         f"{health_keys()['sli_stopped']}:t.d:stable"
     )
+
+
+def test_a_replica_restart_asked_for_is_not_counted_lost(world_a: TenantWorld) -> None:
+    """restart_replicas kills replicas (no goodbye from a kill): it marks each one stopped on
+    purpose first, so the crash-loop signal does not count a restart the contract asked for."""
+    from serving.ops.remediation.restart import stopped_on_purpose
+
+    deployment = _ready(world_a)
+    r1, r2 = Replica(deployment, "stable", "r1"), Replica(deployment, "stable", "r2")
+    r1.serve(ok=4)
+    r2.serve(ok=4)
+    now = time.time()
+    health.tick(now=now, act=False)
+    stopped_on_purpose(deployment, "stable", "r1")
+    _go_silent(deployment, "stable", "r1")  # killed; its replacement comes up later
+    r2.serve(ok=2)
+    health.tick(now=now + 2, act=False)
+    assert _restarts(deployment) == 0
+    assert _stored_requests(deployment) == 10

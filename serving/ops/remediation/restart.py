@@ -8,15 +8,20 @@ replica twice.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
+
+from django.conf import settings
 
 from serving.control.cluster import ray_target_from_env
 from serving.control.names import slot_app
 from serving.control.replicas import kill_replica
 from serving.control.serve_api import ServeApiClient
+from serving.dataplane.sli import STOPPED_TTL_S, stopped_key
 from serving.deployments.models import Deployment, DeploymentRevision
+from serving.ops.health import health_redis
 from serving.ops.remediation.actions import Outcome
 from serving.slo.remediation import DEFAULT_RESTART_TIMEOUT
 
@@ -37,6 +42,19 @@ def slot_application(deployment: Deployment, revision: DeploymentRevision, group
         raise RestartTimeout("a shared pool's replicas are the platform's, not the tenant's")
     wanted = slot_app(deployment.tenant.slug, deployment.name, group)
     return wanted if wanted in own else deployment.serve_app
+
+
+def stopped_on_purpose(deployment: Deployment, group: str, replica: str) -> None:
+    """A replica this step kills is a restart asked for, not a replica lost: it goes to the
+    slot's stopped hash (serving.dataplane.sli.stopped_key) first, as Serve's graceful stops
+    do, so the health check does not count it in `replica_restarts` (its crash-loop signal).
+    Its counts since the tick's last read are not known (it never said goodbye)."""
+    key = stopped_key(settings.SLI_KEY_PREFIX, deployment.serve_app, group)
+    value = json.dumps({"at": time.time(), "by": "restart_replicas"}, separators=(",", ":"))
+    with health_redis().pipeline(transaction=True) as pipe:
+        pipe.hset(key, replica, value)
+        pipe.expire(key, STOPPED_TTL_S)
+        pipe.execute()
 
 
 def _replacement(client: ServeApiClient, app: str, old: str, known: set[str], count: int) -> str:
@@ -81,6 +99,7 @@ def restart_replicas(
             continue
         listed = {r.replica_id for r in client.replicas(app)}
         if old in listed and progress["names"].get(old):
+            stopped_on_purpose(deployment, group, old)
             kill_replica(target, progress["names"][old])
         known = set(originals) | set(restarted.values())
         deadline = time.monotonic() + timeout

@@ -99,9 +99,10 @@ class Router:
     def __del__(self) -> None:
         """Serve stops the router on purpose: its in-process stable slot says so (a vLLM one
         also stops its engine), so the health check does not count it lost."""
-        local = getattr(self, "local", None)
-        if local is not None:
-            local.__del__()
+        # A VersionCore (or vLLM's); a stand-in core without a destructor has nothing to say.
+        stop = getattr(getattr(self, "local", None), "__del__", None)
+        if stop is not None:
+            stop()
         publisher = getattr(self, "publisher", None)
         if publisher is not None:
             publisher.stop()

@@ -191,25 +191,47 @@ def stopped_key(prefix: str, app: str, group: str) -> str:
 STOPPED_TTL_S = 330  # over the longest health interval (300 s): every tick sees a goodbye
 
 
+# The goodbye, atomic: the replica's value leaves the slot's hash only while it is this
+# recorder's own (its totals' start: another object under the same id, e.g. two in-process
+# cores of one test process, keeps its value), and the stopped entry is written.
+FAREWELL_SCRIPT = """
+local value = redis.call('HGET', KEYS[1], ARGV[1])
+if value then
+  local ok, snapshot = pcall(cjson.decode, value)
+  local start = ok and type(snapshot) == 'table' and type(snapshot['totals']) == 'table'
+    and tonumber(snapshot['totals']['start'])
+  if start and math.abs(start - tonumber(ARGV[2])) < 0.0005 then
+    redis.call('HDEL', KEYS[1], ARGV[1])
+  end
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+return redis.call('EXPIRE', KEYS[2], ARGV[4])
+"""
+
+
 def farewell(redis_url: str, prefix: str, recorder: SliRecorder) -> None:
     """A replica Serve stops gracefully says so (from `__del__`, which Serve calls then; a
     crash never runs it): its value leaves the slot's hash and its last totals go to the
-    stopped hash, in one transaction. Synchronous: `__del__` may not await. Never raises."""
+    stopped hash, in one script. Synchronous: `__del__` may not await. Never raises."""
     import redis
 
     now = time.time()
     final = SliWindow(started=recorder.totals.started)  # the totals with the open window in
     final.merge(recorder.totals)
     final.merge(recorder.current)
-    last = {"version": recorder.version, "totals": final.as_dict(now)}
+    last = {"version": recorder.version, "totals": final.as_dict(now), "at": now}
     try:
         client = redis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
-        with client.pipeline(transaction=True) as pipe:
-            pipe.hdel(sli_key(prefix, recorder.app, recorder.group), recorder.replica)
-            key = stopped_key(prefix, recorder.app, recorder.group)
-            pipe.hset(key, recorder.replica, json.dumps({**last, "at": now}, separators=(",", ":")))
-            pipe.expire(key, STOPPED_TTL_S)
-            pipe.execute()
+        client.eval(
+            FAREWELL_SCRIPT,
+            2,
+            sli_key(prefix, recorder.app, recorder.group),
+            stopped_key(prefix, recorder.app, recorder.group),
+            recorder.replica,
+            repr(round(recorder.totals.started, 3)),
+            json.dumps(last, separators=(",", ":")),
+            STOPPED_TTL_S,
+        )
         client.close()
     except Exception as exc:  # a goodbye that failed reads as a lost replica: no worse
         print(f"replica {recorder.replica}: stop not recorded ({exc})", file=sys.stderr)

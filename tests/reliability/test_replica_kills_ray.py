@@ -2,7 +2,8 @@
 killed (SIGKILL) every 5 s for 60 s (or as soon as one is live again, when both are down)
 while a client sends requests with retries. At least
 99.9% of the requests succeed, and the deployment is back to two healthy replicas serving
-first-try within 30 s of the last kill."""
+first-try within 30 s of the last kill. A replica Serve then stops on purpose (a scale-down)
+is not counted lost."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from django.conf import settings
 from serving.deployments import reconcile as control
 from serving.deployments import services as deployments
 from serving.deployments.models import Deployment, DeploymentStatus
+from serving.ops import health
+from serving.ops.models import SliSample
 from tenants.actors import Actor
 from tests.conftest import TenantWorld
 from tests.ray_cluster import RayCluster
@@ -151,3 +154,28 @@ def test_killing_replicas_every_5_s_under_traffic_loses_almost_nothing(
     success = traffic.outcomes["ok"] / total
     assert success >= 0.999, (traffic.outcomes, traffic.attempts)
     assert recovered_in <= RECOVERY_S
+
+    # Killed replicas are lost; one Serve stops on purpose is not. A scale-down to one replica:
+    # Serve stops the other gracefully, its __del__ says so (serving.dataplane.sli.farewell),
+    # and the health tick neither counts it in replica_restarts nor loses its last requests.
+    r = redis.Redis.from_url(settings.REDIS_URL)
+    stopped_key = f"{settings.SLI_KEY_PREFIX}:sli-stopped:{app}:stable"
+    r.delete(stopped_key)
+    health.tick(act=False)  # the replicas' baselines
+    before = _replica_pids(app)
+    deployments.deployment_change(
+        tenant=world_a.tenant, actor=actor, deployment=deployment, changes={"num_replicas": 1},
+        reason="one replica again",
+    )  # fmt: skip
+    control.reconcile(target=ray_cluster.target, client=client)
+    deadline = time.monotonic() + 60
+    while not r.hlen(stopped_key):
+        assert time.monotonic() < deadline, "the replica Serve stopped never said so"
+        time.sleep(0.5)
+    [gone] = [json.loads(v) for v in r.hvals(stopped_key)]
+    assert gone["version"] and gone["totals"]["requests"] > 0, gone
+    time.sleep(6)  # past health.STALE_S: a replica without a goodbye would read as lost now
+    assert len(_replica_pids(app)) == 1 and _replica_pids(app) < before
+    health.tick(act=False, now=time.time() + 2)
+    last = SliSample.objects.filter(deployment=deployment, group="stable").latest("end")
+    assert last.kv["replica_restarts"] == 0, last.kv

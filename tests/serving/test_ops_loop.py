@@ -523,15 +523,21 @@ def _restarts(deployment: Deployment) -> int:
     return int(last.kv["replica_restarts"])
 
 
-def test_a_replica_that_crashed_while_a_sibling_publishes_is_counted_lost_once(
-    world_a: TenantWorld,
-) -> None:
-    deployment = _ready(world_a)
+def _two_replicas_ticked(world: TenantWorld) -> tuple[Deployment, Replica, float]:
+    """r1 and r2 published and ticked once (their baselines); r2, and the tick's time."""
+    deployment = _ready(world)
     r1, r2 = Replica(deployment, "stable", "r1"), Replica(deployment, "stable", "r2")
     r1.serve(ok=4)
     r2.serve(ok=4)
     now = time.time()
     health.tick(now=now, act=False)
+    return deployment, r2, now
+
+
+def test_a_replica_that_crashed_while_a_sibling_publishes_is_counted_lost_once(
+    world_a: TenantWorld,
+) -> None:
+    deployment, r2, now = _two_replicas_ticked(world_a)
     # r1 dies; r2 keeps publishing, which keeps the hash (and r1's last value) alive.
     _go_silent(deployment, "stable", "r1")
     r2.serve(ok=2)
@@ -636,18 +642,37 @@ def test_the_stopped_key_is_the_data_planes() -> None:
 
 def test_a_replica_restart_asked_for_is_not_counted_lost(world_a: TenantWorld) -> None:
     """restart_replicas kills replicas (no goodbye from a kill): it marks each one stopped on
-    purpose first, so the crash-loop signal does not count a restart the contract asked for."""
+    purpose just after, so the crash-loop signal does not count a restart the contract asked for."""
     from serving.ops.remediation.restart import stopped_on_purpose
 
-    deployment = _ready(world_a)
-    r1, r2 = Replica(deployment, "stable", "r1"), Replica(deployment, "stable", "r2")
-    r1.serve(ok=4)
-    r2.serve(ok=4)
-    now = time.time()
-    health.tick(now=now, act=False)
-    stopped_on_purpose(deployment, "stable", "r1")
+    deployment, r2, now = _two_replicas_ticked(world_a)
     _go_silent(deployment, "stable", "r1")  # killed; its replacement comes up later
+    stopped_on_purpose(deployment, "stable", "r1")
     r2.serve(ok=2)
     health.tick(now=now + 2, act=False)
     assert _restarts(deployment) == 0
     assert _stored_requests(deployment) == 10
+
+
+def test_a_goodbye_under_an_id_a_live_replica_now_uses_leaves_that_replica_alone(
+    world_a: TenantWorld,
+) -> None:
+    """Two objects under one replica id (two in-process cores of a test process; an id Serve
+    reused): the old one's goodbye neither deletes the live one's value nor hides it."""
+    from serving.dataplane.sli import farewell
+
+    deployment = _ready(world_a)
+    old = Replica(deployment, "stable", "r1")
+    old.serve(ok=2)
+    time.sleep(0.01)
+    live = Replica(deployment, "stable", "r1")  # the same id, its own totals
+    live.serve(ok=4)
+    now = time.time()
+    health.tick(now=now, act=False)
+    farewell(settings.REDIS_URL, settings.SLI_KEY_PREFIX, old.recorder)
+    key = f"{settings.SLI_KEY_PREFIX}:sli:acme.assistant:stable"
+    assert redis.Redis.from_url(settings.REDIS_URL).hexists(key, "r1")  # the live one's value
+    live.serve(ok=3)  # publishes after the goodbye: alive
+    health.tick(now=now + 2, act=False)
+    assert _restarts(deployment) == 0
+    assert _stored_requests(deployment) == 4 + 3

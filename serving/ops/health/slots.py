@@ -136,10 +136,11 @@ def tick_slots(
             state["since"] = now
         cumulative = Counts.from_dict(state["cum"]) if state.get("cum") and not fresh else Counts()
         delta = Counts()
-        # Replicas Serve stopped on purpose said so with their last totals (one whose last
-        # publish landed after its goodbye is still stopped).
-        stopped = {_text(k): json.loads(v) for k, v in stopped_now.items()}
+        # Replicas Serve stopped on purpose said so with their last totals: a value of theirs
+        # that landed after the goodbye is no replica; one published later is a live one
+        # under the same id (not stopped).
         published_now = [json.loads(v) for v in replicas_raw.values()]
+        stopped = stopped_replicas(stopped_now, published_now)
         published_now = [s for s in published_now if str(s.get("replica")) not in stopped]
         decoded[(target.app, group)] = published_now
         # A stopped replica's last value lingers in the hash while others refresh its TTL: it is
@@ -383,6 +384,21 @@ def lost_replicas(
     already = set(counted or ())
     new = (stale | vanished) - already
     return len(new), sorted((already | new) & stale_all)
+
+
+def stopped_replicas(
+    raw: Mapping[Any, Any], published: list[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """The slot's stopped-on-purpose entries, less those with a value published after their
+    stop (a live replica under the same id)."""
+    stopped = {_text(k): json.loads(v) for k, v in raw.items()}
+    for snapshot in published:
+        name = str(snapshot.get("replica"))
+        if name in stopped:
+            end = float(snapshot.get("window", {}).get("end", 0))
+            if end > float(stopped[name].get("at", 0)) + 0.001:
+                del stopped[name]
+    return stopped
 
 
 def _text(value: Any) -> str:

@@ -45,10 +45,11 @@ def slot_application(deployment: Deployment, revision: DeploymentRevision, group
 
 
 def stopped_on_purpose(deployment: Deployment, group: str, replica: str) -> None:
-    """A replica this step kills is a restart asked for, not a replica lost: it goes to the
-    slot's stopped hash (serving.dataplane.sli.stopped_key) first, as Serve's graceful stops
-    do, so the health check does not count it in `replica_restarts` (its crash-loop signal).
-    Its counts since the tick's last read are not known (it never said goodbye)."""
+    """A replica this step killed is a restart asked for, not a replica lost: it goes to the
+    slot's stopped hash (serving.dataplane.sli.stopped_key), as Serve's graceful stops do, so
+    the health check does not count it in `replica_restarts` (its crash-loop signal). Written
+    just after the kill (it goes stale only 5 s later); its counts since the tick's last read
+    are not known (it never said goodbye)."""
     key = stopped_key(settings.SLI_KEY_PREFIX, deployment.serve_app, group)
     value = json.dumps({"at": time.time(), "by": "restart_replicas"}, separators=(",", ":"))
     with health_redis().pipeline(transaction=True) as pipe:
@@ -99,8 +100,8 @@ def restart_replicas(
             continue
         listed = {r.replica_id for r in client.replicas(app)}
         if old in listed and progress["names"].get(old):
-            stopped_on_purpose(deployment, group, old)
             kill_replica(target, progress["names"][old])
+            stopped_on_purpose(deployment, group, old)  # after its last publish: the kill
         known = set(originals) | set(restarted.values())
         deadline = time.monotonic() + timeout
         beat = time.monotonic()

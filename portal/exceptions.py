@@ -46,3 +46,15 @@ class QuotaExceeded(PortalError):
 class PayloadTooLarge(PortalError):
     status_code = 413
     code = "too_large"
+
+
+class RateLimited(PortalError):
+    """A tenant's bucket or concurrency cap refused the work; `wait`: the seconds until it may
+    try again (the Retry-After a page or the API answers with)."""
+
+    status_code = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, wait: float, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.wait = wait

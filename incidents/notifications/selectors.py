@@ -1,14 +1,40 @@
 """Reads of the notification channels' page: the last test message of each channel, from the
-tenant's audit log (where `notification_channel_test` records it)."""
+tenant's audit log (where the worker's `channel_test_send` records it), and which channels have
+a test queued and not sent yet (a short-lived cache mark set by `notification_channel_test`)."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.core.cache import cache
+
 from tenants.models import AuditEvent, Tenant
 
+logger = logging.getLogger(__name__)
+
 TESTED = "notification_channel.tested"
+# How long a queued test shows as "sending" at most (a lost task stops showing by itself).
+SENDING_S = 300
+
+
+def sending_key(tenant_id: int, channel_id: int) -> str:
+    return f"channel-test-sending:{tenant_id}:{channel_id}"
+
+
+def channel_tests_sending(*, tenant: Tenant, channel_ids: Iterable[int]) -> set[int]:
+    """The channels (of `channel_ids`) whose queued test the worker has not sent yet."""
+    keys = {sending_key(tenant.pk, pk): pk for pk in channel_ids}
+    if not keys:
+        return set()
+    try:
+        found = cache.get_many(list(keys))
+    except Exception as exc:  # a cache that is down hides the mark, not the page
+        logger.warning("channel test marks unavailable: %s", exc)
+        return set()
+    return {keys[key] for key in found}
 
 
 @dataclass(frozen=True)

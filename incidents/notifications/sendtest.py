@@ -1,33 +1,47 @@
 """A channel's test message, sent on demand through the same outbound path and guard as the
 incidents' deliveries: a signed webhook (X-Portal-Event `test`), a short Slack message, a
 PagerDuty `trigger` of severity `info` resolved at once, or an e-mail. Throttled per channel and
-per tenant (each test reaches someone else's server); refused for a switched-off channel or a
-suspended tenant; audited, with the outcome (never the receiver's body)."""
+per tenant (each test reaches someone else's server, and each queued test is worker time);
+refused for a switched-off channel or a suspended tenant; audited, with the outcome (never the
+receiver's body).
+
+The request (`notification_channel_test`) only checks, charges the buckets, marks the channel
+"sending" and queues `incidents.send_channel_test` on commit: the outbound HTTP (up to three
+5 s connects) runs in a worker, never in a web request. The worker (`channel_test_send`)
+re-checks the channel, sends, audits the outcome (the channels page's "Last test") and clears
+the mark."""
 
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.cache import cache
+from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
 from incidents.notifications import formats
 from incidents.notifications.delivery import Answer, post, send_email, webhook_headers
 from incidents.notifications.models import ChannelKind, NotificationChannel
-from incidents.notifications.selectors import TESTED
+from incidents.notifications.selectors import SENDING_S, TESTED, sending_key
 from incidents.notifications.services import channel_snapshot
 from portal import ratelimit
 from portal.exceptions import ConflictError, QuotaExceeded
-from tenants.actors import Actor
-from tenants.models import Tenant
+from tenants.actors import SYSTEM, Actor
+from tenants.models import ApiToken, Tenant
 from tenants.services import audit_record
 
-# A hostile tenant pointing its channels at a victim gets this much traffic out of us at most:
-# one test per channel per PER_CHANNEL_S, PER_TENANT tests per tenant per PER_TENANT_S.
+logger = logging.getLogger(__name__)
+
+# A hostile tenant pointing its channels at a victim gets this much traffic out of us at most,
+# and queues this many tests for the workers at most: one test per channel per PER_CHANNEL_S,
+# PER_TENANT tests per tenant per PER_TENANT_S.
 PER_CHANNEL_S = 10
 PER_TENANT = 5
 PER_TENANT_S = 60
@@ -46,14 +60,6 @@ class SendResult:
     @property
     def ok(self) -> bool:
         return not self.error
-
-    @property
-    def summary(self) -> str:
-        name = self.channel.name
-        if self.ok:
-            answer = f" (HTTP {self.code})" if self.code is not None else ""
-            return f"Test message sent to {name}{answer}."
-        return f"Test message to {name} failed: {self.error}"
 
 
 def _page_url(tenant: Tenant) -> str:
@@ -158,35 +164,106 @@ def _throttle(tenant: Tenant, channel: NotificationChannel) -> None:
         )
 
 
+@dataclass(frozen=True)
+class ChannelTestQueued:
+    """A test the request queued: the worker sends it; its outcome shows in the channel's row."""
+
+    channel: NotificationChannel
+    test_id: str
+
+    @property
+    def summary(self) -> str:
+        return (
+            f"Sending a test message to {self.channel.name}…; its outcome shows in the "
+            "channel's Last test column."
+        )
+
+
 def notification_channel_test(
     *, tenant: Tenant, actor: Actor, channel: NotificationChannel
-) -> SendResult:
-    """Send `channel` a test message of its kind now and audit the outcome. Raises
-    ConflictError (switched off, tenant suspended) or QuotaExceeded (throttled) before
-    sending anything."""
+) -> ChannelTestQueued:
+    """Queue a test message of `channel`'s kind (sent by a worker, `channel_test_send`).
+    Raises ConflictError (switched off, tenant suspended) or QuotaExceeded (throttled) before
+    queueing anything; sends nothing itself."""
+    from incidents.notifications.tasks import send_channel_test
+
     channel = NotificationChannel.objects.get(pk=channel.pk, tenant=tenant)
     _refuse_if_not_sendable(tenant, channel)
     _throttle(tenant, channel)
     test_id = f"test-{secrets.token_hex(8)}"
-    if channel.kind == ChannelKind.EMAIL:
-        answer = _send_email(channel, tenant)
-    elif channel.kind == ChannelKind.SLACK:
-        answer = _send_slack(channel, tenant)
-    elif channel.kind == ChannelKind.PAGERDUTY:
-        answer = _send_pagerduty(channel, tenant, test_id)
-    else:
-        answer = _send_webhook(channel, tenant, test_id)
-    result = SendResult(channel, answer.code, answer.error)
-    audit_record(
-        tenant=tenant,
-        actor=actor,
-        action=TESTED,
-        obj=channel,
-        after={
-            **channel_snapshot(channel=channel),
-            "result": "sent" if result.ok else "failed",
-            "response_code": result.code,
-            "error": result.error,
-        },
-    )
+    try:
+        cache.set(sending_key(tenant.pk, channel.pk), test_id, timeout=SENDING_S)
+    except Exception as exc:  # the mark is for the page only: a cache that is down costs it
+        logger.warning("channel test mark unavailable: %s", exc)
+    user_id, token_id = actor.user_id, actor.token.pk if actor.token is not None else None
+    transaction.on_commit(lambda: send_channel_test.delay(channel.pk, test_id, user_id, token_id))
+    return ChannelTestQueued(channel, test_id)
+
+
+def _actor(tenant: Tenant, user_id: int | None, token_id: int | None) -> Actor:
+    """Who asked for the test, re-read (the audit row names them); the system when gone."""
+    if token_id is not None:
+        token = ApiToken.objects.filter(pk=token_id, tenant=tenant).first()
+        if token is not None:
+            return Actor(token=token)
+    if user_id is not None:
+        user = get_user_model().objects.filter(pk=user_id).first()
+        if user is not None:
+            return Actor(user=user)
+    return SYSTEM
+
+
+def channel_test_send(
+    *, channel_id: int, test_id: str, user_id: int | None = None, token_id: int | None = None
+) -> SendResult | None:
+    """The worker's half: send the queued test now and audit the outcome. A channel removed
+    since is left alone (None); one switched off (or a tenant suspended) since is audited as
+    failed without sending."""
+    channel = NotificationChannel.objects.select_related("tenant").filter(pk=channel_id).first()
+    if channel is None:
+        return None
+    tenant = channel.tenant
+    try:
+        try:
+            _refuse_if_not_sendable(tenant, channel)
+        except ConflictError as exc:
+            answer = Answer(None, f"not sent: {exc.message}")
+        else:
+            answer = _send(channel, tenant, test_id)
+        result = SendResult(channel, answer.code, answer.error)
+        audit_record(
+            tenant=tenant,
+            actor=_actor(tenant, user_id, token_id),
+            action=TESTED,
+            obj=channel,
+            after={
+                **channel_snapshot(channel=channel),
+                "result": "sent" if result.ok else "failed",
+                "response_code": result.code,
+                "error": result.error,
+                "test": test_id,
+            },
+        )
+    finally:
+        _unmark(tenant, channel, test_id)
     return result
+
+
+def _send(channel: NotificationChannel, tenant: Tenant, test_id: str) -> Answer:
+    if channel.kind == ChannelKind.EMAIL:
+        return _send_email(channel, tenant)
+    if channel.kind == ChannelKind.SLACK:
+        return _send_slack(channel, tenant)
+    if channel.kind == ChannelKind.PAGERDUTY:
+        return _send_pagerduty(channel, tenant, test_id)
+    return _send_webhook(channel, tenant, test_id)
+
+
+def _unmark(tenant: Tenant, channel: NotificationChannel, test_id: str) -> None:
+    """Clear the channel's "sending" mark if it is this test's (a newer test keeps its own)."""
+    key = sending_key(tenant.pk, channel.pk)
+    try:
+        if cache.get(key) == test_id:
+            cache.delete(key)
+    except Exception as exc:
+        logger.warning("channel test mark unavailable: %s", exc)

@@ -2,7 +2,7 @@
 fields; errors next to the field they are about), a channel's edit form and its removal. A
 webhook's signing secret is shown once, on the page that created it; a PagerDuty routing key
 and a Slack webhook URL are never shown back in full. Writers send a channel a test message
-(`sendtest`); its outcome shows after the redirect and stays in the channel's row."""
+(`sendtest`): a worker sends it, the row says "sending…" until its outcome shows there."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from incidents import selectors, services
 from incidents.models import Severity
 from incidents.notifications.models import ChannelKind, NotificationChannel
-from incidents.notifications.selectors import channel_last_tests
+from incidents.notifications.selectors import channel_last_tests, channel_tests_sending
 from incidents.notifications.sendtest import notification_channel_test
 from portal.exceptions import PortalError
 from tenants.models import Scope, Tenant
@@ -99,13 +99,13 @@ def channels_page(request: HttpRequest, tenant: Tenant) -> HttpResponse:
             else:
                 created = {"channel": channel, "secret": secret}
                 form = ChannelForm()
+    channels = list(selectors.notification_channel_list(tenant=tenant))
     last_tests = channel_last_tests(tenant=tenant)
+    sending = channel_tests_sending(tenant=tenant, channel_ids=[c.pk for c in channels])
     context = {
         "form": form,
         "created": created,
-        "rows": [
-            (c, last_tests.get(c.pk)) for c in selectors.notification_channel_list(tenant=tenant)
-        ],
+        "rows": [(c, last_tests.get(c.pk), c.pk in sending) for c in channels],
         "can_write": can_write(request),
     }
     return render(request, "incidents/notifications/channels.html", context)
@@ -149,19 +149,17 @@ def channel_delete(request: HttpRequest, tenant: Tenant, pk: int) -> HttpRespons
 @require_POST
 @tenant_page(Scope.WRITE)
 def channel_test(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
-    """Send the channel a test message now; the outcome shows on the channels page."""
+    """Queue a test message of the channel (a worker sends it) and answer at once: the row
+    says "sending…" until the outcome replaces it."""
     channel = get_for_tenant(
         selectors.notification_channel_list(tenant=tenant), tenant=tenant, pk=pk
     )
     try:
-        result = notification_channel_test(
+        queued = notification_channel_test(
             tenant=tenant, actor=page_actor(request), channel=channel
         )
     except PortalError as exc:
         messages.error(request, f"Test of {channel.name} not sent: {exc.message}")
     else:
-        if result.ok:
-            messages.success(request, result.summary)
-        else:
-            messages.error(request, result.summary)
+        messages.info(request, queued.summary)
     return redirect("notification-channels", slug=tenant.slug)

@@ -16,12 +16,19 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from incidents import selectors, services
 from incidents.models import CauseRule, RuleOp
 from incidents.rca.evidence import SIGNAL_NAMES
-from incidents.rca.rule_matches import WINDOW, rule_match_counts
+from incidents.rca.rule_matches import (
+    WINDOW,
+    rule_match_counts,
+    rule_matches_throttle,
+)
 from incidents.rca.services import RULE_FIELDS
-from portal.exceptions import PortalError
+from portal.exceptions import PortalError, RateLimited
 from tenants.models import Scope, Tenant
 from tenants.pages import can_write, form_error, page_actor, tenant_page
 from tenants.scoping import get_for_tenant
+from tenants.views import _throttled  # the pages' 429 with Retry-After
+
+MATCHES_TEMPLATE = "incidents/_cause_rules_table.html"
 
 NUMBER = forms.NumberInput(attrs={"step": "any"})
 
@@ -96,16 +103,34 @@ def cause_rules_page(request: HttpRequest, tenant: Tenant) -> HttpResponse:
 @tenant_page()
 def cause_rule_matches(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     """The rules' table with how many recent incidents each would have matched (the costly
-    part: each incident's signals, cached once it is resolved)."""
+    part: each incident's signals, cached once it is resolved). Bounded per tenant: a load
+    past RULE_MATCHES_PER_MINUTE, or one that waited too long for the tenant's running count,
+    gets the table without counts and a 429 with Retry-After (a 200 for htmx, which swaps
+    only 2xx; the fragment then loads itself again after Retry-After)."""
     rules = list(selectors.cause_rule_list(tenant=tenant).order_by("id"))
-    matches = rule_match_counts(tenant=tenant, rules=rules)
+    try:
+        rule_matches_throttle(tenant=tenant)
+        matches = rule_match_counts(tenant=tenant, rules=rules)
+    except RateLimited as exc:
+        # The table without counts, saying why; it loads itself again after Retry-After.
+        context = {
+            "rows": [(rule, None) for rule in rules],
+            "matches": None,
+            "window_days": WINDOW.days,
+            "can_write": can_write(request),
+            "refused": exc.message,
+        }
+        response = _throttled(request, MATCHES_TEMPLATE, context, exc.wait)
+        if request.headers.get("HX-Request"):
+            response.status_code = 200  # htmx swaps only 2xx answers (Retry-After stays)
+        return response
     context = {
         "rows": [(rule, matches.counts.get(rule.pk, 0)) for rule in rules],
         "matches": matches,
         "window_days": WINDOW.days,
         "can_write": can_write(request),
     }
-    return render(request, "incidents/_cause_rules_table.html", context)
+    return render(request, MATCHES_TEMPLATE, context)
 
 
 @require_http_methods(["GET", "POST"])

@@ -4,13 +4,14 @@ panel, a plain POST gets the whole page."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
 
-from portal.exceptions import PortalError
+from portal.exceptions import PortalError, RateLimited
 from serving.deployments import selectors as deployment_selectors
 from serving.deployments.models import Deployment
 from serving.ops import playground
@@ -63,12 +64,25 @@ def playground_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpRespon
         return _render(request, deployment, limits, form, status=400)
     wait = playground.playground_throttle(tenant=tenant, user_id=request.user.pk, limits=limits)
     if wait > 0:
-        form.add_error(None, f"Too many playground runs; try again in {wait:.0f} s.")
-        return _render(request, deployment, limits, form, status=429)
-    try:
-        answers = playground.playground_run(
-            deployment=deployment, limits=limits, **form.cleaned_data
+        retry_after = max(1, math.ceil(wait))
+        form.add_error(
+            None,
+            f"Too many playground runs (at most {limits.per_minute} a minute per member and "
+            f"{limits.tenant_per_minute} a minute for the tenant); try again in {retry_after} s.",
         )
+        response = _render(request, deployment, limits, form, status=429)
+        response["Retry-After"] = str(retry_after)
+        return response
+    try:
+        with playground.playground_slot(tenant=tenant, limits=limits):
+            answers = playground.playground_run(
+                deployment=deployment, limits=limits, **form.cleaned_data
+            )
+    except RateLimited as exc:
+        form_error(form, exc)
+        response = _render(request, deployment, limits, form, status=exc.status_code)
+        response["Retry-After"] = str(max(1, math.ceil(exc.wait)))
+        return response
     except PortalError as exc:
         form_error(form, exc)
         return _render(request, deployment, limits, form, status=exc.status_code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
 
 from portal.exceptions import PortalError
 from tenants import selectors
@@ -78,3 +80,14 @@ def form_error(form: Any, exc: PortalError) -> None:
         return
     field = FORM_FIELD.get(exc.field or "", exc.field)
     form.add_error(field if field in form.fields else None, exc.message)
+
+
+def throttled_page(
+    request: HttpRequest, template: str, context: dict[str, Any], wait: float
+) -> HttpResponse:
+    """429 page with Retry-After: the attempt was not even looked at."""
+    retry_after = max(1, math.ceil(wait))
+    context = {**context, "throttled": True, "retry_after": retry_after}
+    response = render(request, template, context, status=429)
+    response["Retry-After"] = str(retry_after)
+    return response

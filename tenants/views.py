@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from django.contrib import messages
@@ -21,7 +20,7 @@ from tenants import forms, links, oidc, selectors, services, throttles, usage
 from tenants.api.base import SESSION_TENANT_KEY
 from tenants.mfa import views as mfa_views
 from tenants.models import ApiToken, Invitation, Membership, Scope, Tenant
-from tenants.pages import page_actor, tenant_page
+from tenants.pages import page_actor, tenant_page, throttled_page
 from tenants.scoping import get_for_tenant
 
 
@@ -44,17 +43,6 @@ def home(request: HttpRequest) -> HttpResponse:
     return redirect("tenant-overview", slug=chosen.tenant.slug)
 
 
-def _throttled(
-    request: HttpRequest, template: str, context: dict[str, Any], wait: float
-) -> HttpResponse:
-    """429 page with Retry-After: the attempt was not even looked at."""
-    retry_after = max(1, math.ceil(wait))
-    context = {**context, "throttled": True, "retry_after": retry_after}
-    response = render(request, template, context, status=429)
-    response["Retry-After"] = str(retry_after)
-    return response
-
-
 @sensitive_post_parameters("password")
 def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
@@ -66,7 +54,7 @@ def signup(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         wait = throttles.signup_throttle(ip=throttles.client_ip(request.META))
         if wait > 0:
-            return _throttled(request, "tenants/signup.html", {"form": form}, wait)
+            return throttled_page(request, "tenants/signup.html", {"form": form}, wait)
     if request.method == "POST" and form.is_valid():
         try:
             user, tenant = services.signup(**form.cleaned_data)
@@ -102,7 +90,7 @@ class ThrottledLoginView(auth_views.LoginView):
         )
         if wait > 0:
             context = self.get_context_data(form=self.get_form_class()(request))
-            return _throttled(request, self.template_name, context, wait)
+            return throttled_page(request, self.template_name, context, wait)
         return super().post(request, *args, **kwargs)
 
     def form_valid(self, form: Any) -> HttpResponse:

@@ -32,7 +32,7 @@ from incidents.notifications.models import ChannelKind, NotificationChannel
 from incidents.notifications.selectors import SENDING_S, TESTED, sending_key
 from incidents.notifications.services import channel_snapshot
 from portal import ratelimit
-from portal.exceptions import ConflictError, QuotaExceeded
+from portal.exceptions import ConflictError, RateLimited
 from tenants.actors import SYSTEM, Actor
 from tenants.models import ApiToken, Tenant
 from tenants.services import audit_record
@@ -158,9 +158,10 @@ def _throttle(tenant: Tenant, channel: NotificationChannel) -> None:
         ]
     )
     if wait > 0:
-        raise QuotaExceeded(
+        raise RateLimited(
             f"too many test messages (one per channel every {PER_CHANNEL_S} s, {PER_TENANT} "
-            f"per tenant a minute): try again in {max(1, round(wait))} s."
+            f"per tenant a minute): try again in {max(1, round(wait))} s.",
+            wait=wait,
         )
 
 
@@ -183,7 +184,7 @@ def notification_channel_test(
     *, tenant: Tenant, actor: Actor, channel: NotificationChannel
 ) -> ChannelTestQueued:
     """Queue a test message of `channel`'s kind (sent by a worker, `channel_test_send`).
-    Raises ConflictError (switched off, tenant suspended) or QuotaExceeded (throttled) before
+    Raises ConflictError (switched off, tenant suspended) or RateLimited (throttled) before
     queueing anything; sends nothing itself."""
     from incidents.notifications.tasks import send_channel_test
 

@@ -24,9 +24,8 @@ from incidents.rca.rule_matches import (
 from incidents.rca.services import RULE_FIELDS
 from portal.exceptions import PortalError, RateLimited
 from tenants.models import Scope, Tenant
-from tenants.pages import can_write, form_error, page_actor, tenant_page
+from tenants.pages import can_write, form_error, page_actor, tenant_page, throttled_page
 from tenants.scoping import get_for_tenant
-from tenants.views import _throttled  # the pages' 429 with Retry-After
 
 MATCHES_TEMPLATE = "incidents/_cause_rules_table.html"
 
@@ -120,7 +119,7 @@ def cause_rule_matches(request: HttpRequest, tenant: Tenant) -> HttpResponse:
             "can_write": can_write(request),
             "refused": exc.message,
         }
-        response = _throttled(request, MATCHES_TEMPLATE, context, exc.wait)
+        response = throttled_page(request, MATCHES_TEMPLATE, context, exc.wait)
         if request.headers.get("HX-Request"):
             response.status_code = 200  # htmx swaps only 2xx answers (Retry-After stays)
         return response

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -12,7 +13,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from portal.exceptions import PortalError
+from portal.exceptions import PortalError, RateLimited
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,10 @@ def error_body(code: str, message: str, fields: dict[str, list[str]] | None = No
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, PortalError):
         message = f"{exc.field}: {exc.message}" if exc.field else exc.message
-        return Response(error_body(exc.code, message, exc.fields), status=exc.status_code)
+        response = Response(error_body(exc.code, message, exc.fields), status=exc.status_code)
+        if isinstance(exc, RateLimited):
+            response["Retry-After"] = str(max(1, math.ceil(exc.wait)))
+        return response
     if isinstance(exc, DjangoValidationError):
         if hasattr(exc, "error_dict"):
             fields = {k: [str(m) for e in v for m in e.messages] for k, v in exc.error_dict.items()}

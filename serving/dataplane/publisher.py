@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -15,11 +16,17 @@ from ray import serve
 logger = logging.getLogger("ray.serve")
 
 
+_LOCAL_IDS = itertools.count(1)
+
+
 def replica_id() -> str:
+    """Serve's unique id of this replica; outside a replica (tests, an in-process data
+    plane) one of its own per object, as Serve's are: a stopped object's goodbye must not
+    speak for another one of the same process."""
     try:
         return str(serve.get_replica_context().replica_id.unique_id)
     except Exception:  # outside a replica (unit tests)
-        return f"pid-{os.getpid()}"
+        return f"pid-{os.getpid()}-{next(_LOCAL_IDS)}"
 
 
 def app_name() -> str:

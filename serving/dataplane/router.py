@@ -345,9 +345,10 @@ class Router:
             return False
         if isinstance(exc, Retired):
             return True
-        starting = isinstance(breaker, CanaryBreaker) and breaker.starting()
-        injected = unwrap_as(exc, InjectedFault) is not None
-        return starting and not injected and unwrap_refused(exc) is None
+        if unwrap_as(exc, InjectedFault) is not None or unwrap_refused(exc) is not None:
+            return False  # a drill's failure, or the canary's own refusal: the client sees it
+        # Only a failure the grace may cover starts its clock.
+        return isinstance(breaker, CanaryBreaker) and breaker.starting()
 
     def _local(self) -> VersionCore:
         if self.local is None:

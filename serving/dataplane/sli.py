@@ -13,6 +13,7 @@ and the weights' fingerprint.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import os
 import sys
@@ -191,17 +192,28 @@ def stopped_key(prefix: str, app: str, group: str) -> str:
 STOPPED_TTL_S = 330  # over the longest health interval (300 s): every tick sees a goodbye
 
 
-# The goodbye, atomic: the replica's value leaves the slot's hash only while it is this
-# recorder's own (its totals' start: another object under the same id, e.g. two in-process
-# cores of one test process, keeps its value), and the stopped entry is written.
-FAREWELL_SCRIPT = """
-local value = redis.call('HGET', KEYS[1], ARGV[1])
-if value then
-  local ok, snapshot = pcall(cjson.decode, value)
-  local start = ok and type(snapshot) == 'table' and type(snapshot['totals']) == 'table'
-    and tonumber(snapshot['totals']['start'])
-  if start and math.abs(start - tonumber(ARGV[2])) < 0.0005 then
-    redis.call('HDEL', KEYS[1], ARGV[1])
+# A stop, atomic: the replica's value leaves the slot's hash only while it is this recorder's
+# own (ARGV[2], its totals' start; "" keeps the value: a kill's mark, written before the kill),
+# the stopped entry is written, and entries stopped over STOPPED_TTL_S ago leave (a slot that
+# stops a replica every few minutes keeps its stopped hash small).
+STOP_SCRIPT = """
+if ARGV[2] ~= '' then
+  local value = redis.call('HGET', KEYS[1], ARGV[1])
+  if value then
+    local ok, snapshot = pcall(cjson.decode, value)
+    local start = ok and type(snapshot) == 'table' and type(snapshot['totals']) == 'table'
+      and tonumber(snapshot['totals']['start'])
+    if start and math.abs(start - tonumber(ARGV[2])) < 0.0005 then
+      redis.call('HDEL', KEYS[1], ARGV[1])
+    end
+  end
+end
+local old = redis.call('HGETALL', KEYS[2])
+for i = 1, #old, 2 do
+  local ok, entry = pcall(cjson.decode, old[i + 1])
+  local at = ok and type(entry) == 'table' and tonumber(entry['at'])
+  if not at or at < tonumber(ARGV[5]) - tonumber(ARGV[4]) then
+    redis.call('HDEL', KEYS[2], old[i])
   end
 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
@@ -209,32 +221,56 @@ return redis.call('EXPIRE', KEYS[2], ARGV[4])
 """
 
 
+def mark_stopped(
+    client: Any, prefix: str, app: str, group: str, replica: str, last: dict[str, Any],
+    *, own_start: float | None = None,
+) -> None:  # fmt: skip
+    """Record the replica as stopped on purpose (`last`: at least `at`, the time after which
+    a value published under its id is a live replica's); with `own_start`, its value leaves
+    the slot's hash too while it is still that recorder's."""
+    client.eval(
+        STOP_SCRIPT,
+        2,
+        sli_key(prefix, app, group),
+        stopped_key(prefix, app, group),
+        replica,
+        "" if own_start is None else repr(round(own_start, 3)),
+        json.dumps(last, separators=(",", ":")),
+        STOPPED_TTL_S,
+        repr(time.time()),
+    )
+
+
 def farewell(redis_url: str, prefix: str, recorder: SliRecorder) -> None:
     """A replica Serve stops gracefully says so (from `__del__`, which Serve calls then; a
     crash never runs it): its value leaves the slot's hash and its last totals go to the
-    stopped hash, in one script. Synchronous: `__del__` may not await. Never raises."""
-    import redis
-
-    now = time.time()
-    final = SliWindow(started=recorder.totals.started)  # the totals with the open window in
-    final.merge(recorder.totals)
-    final.merge(recorder.current)
-    last = {"version": recorder.version, "totals": final.as_dict(now), "at": now}
+    stopped hash, in one script. Synchronous (`__del__` may not await), one try with 1 s
+    timeouts (it runs on the replica's event loop). Never raises."""
+    client = None
     try:
-        client = redis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
-        client.eval(
-            FAREWELL_SCRIPT,
-            2,
-            sli_key(prefix, recorder.app, recorder.group),
-            stopped_key(prefix, recorder.app, recorder.group),
-            recorder.replica,
-            repr(round(recorder.totals.started, 3)),
-            json.dumps(last, separators=(",", ":")),
-            STOPPED_TTL_S,
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        now = time.time()
+        final = SliWindow(started=recorder.totals.started)  # the totals, open window in
+        final.merge(recorder.totals)
+        final.merge(recorder.current)
+        last = {"version": recorder.version, "totals": final.as_dict(now), "at": now}
+        client = redis.Redis.from_url(
+            redis_url, socket_timeout=1.0, socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 0)
         )
-        client.close()
+        mark_stopped(
+            client, prefix, recorder.app, recorder.group, recorder.replica, last,
+            own_start=recorder.totals.started,
+        )  # fmt: skip
     except Exception as exc:  # a goodbye that failed reads as a lost replica: no worse
-        print(f"replica {recorder.replica}: stop not recorded ({exc})", file=sys.stderr)
+        print(f"replica {getattr(recorder, 'replica', '?')}: stop not recorded ({exc})",
+              file=sys.stderr)  # fmt: skip
+    finally:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
 
 
 async def publish(redis: Any, prefix: str, snapshot: dict[str, Any], ttl_s: int = 10) -> None:

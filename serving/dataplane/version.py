@@ -65,7 +65,9 @@ class VersionCore(WeightLoading):
         self._stopped = True
         url, prefix = publisher.redis_url, publisher.prefix
         publisher.stop()
-        if url:
+        # Serve stops a replica that failed its health check gracefully too: that one is lost
+        # (a hung engine, a replica_hang drill), not stopped on purpose.
+        if url and not getattr(self, "_unhealthy", False):
             farewell(url, prefix, self.recorder)
 
     def __del__(self) -> None:
@@ -337,8 +339,13 @@ class VersionCore(WeightLoading):
 
     def check_health(self) -> None:
         """Serve's periodic health check: fails while a `replica_hang` fault selects this
-        replica, so Serve replaces it."""
-        self.chaos.check_health()
+        replica, so Serve replaces it. A replica that failed it once says no goodbye when
+        Serve stops it (`stop`): the health check counts it lost."""
+        try:
+            self.chaos.check_health()
+        except Exception:
+            self._unhealthy = True
+            raise
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -101,10 +101,12 @@ class VllmCore(VersionCore):
     def __del__(self) -> None:
         """Serve calls this when it stops the replica: it says so (VersionCore) and vLLM's
         processes go with it."""
-        super().__del__()
-        engine = getattr(self, "engine", None)
-        if engine is not None:
-            engine.shutdown()
+        try:
+            super().__del__()
+        finally:
+            engine = getattr(self, "engine", None)
+            if engine is not None:
+                engine.shutdown()
 
 
 @serve.deployment(name="version")

@@ -16,7 +16,7 @@ def health_tick() -> dict[str, object]:
     act on breaches, advance rollouts (beat, every HEALTH_TICK_S). With HEALTH_SHARDS > 1,
     one `health_tick_shard` task per shard instead, all at this tick's time, for whichever
     health workers are free (a message left in a backlog expires after five ticks, and one
-    run over a tick late ticks at its own time, not the beat's)."""
+    run over a tick late ticks at the latest beat time since, not its own)."""
     import time
 
     shards = max(1, int(settings.HEALTH_SHARDS))
@@ -36,16 +36,19 @@ def health_tick_shard(shard: int, shards: int, now: float | None = None) -> dict
     """One shard's health tick (deployments `pk % shards == shard`) under its lease: skipped
     while another worker ticks that shard; a dead worker's shard is free LEASE_S later.
     `now` is the beat's time, shared by the shards of one tick; a message that waited over
-    a tick in the queue ticks at its own time (its rows would be stamped seconds late)."""
+    a tick in the queue ticks at the latest beat time since (its rows would be stamped
+    seconds late)."""
     import time
 
     from serving.control.cluster import ray_target_from_env
     from serving.ops import health
 
     beat: dict[str, Any] = settings.CELERY_BEAT_SCHEDULE["health-tick"]
-    late_after = float(beat["schedule"])
-    if now is not None and time.time() - now > late_after:
-        now = None
+    period = float(beat["schedule"])
+    if now is not None and time.time() - now > period:
+        # The latest beat time passed since: the tick stays on the beat's grid (the next
+        # on-time message finds its deployments due as planned).
+        now += ((time.time() - now) // period) * period
 
     try:
         serve_url: str | None = ray_target_from_env().serve_url

@@ -20,7 +20,7 @@ from incidents import services
 from incidents.notifications import delivery as notify
 from incidents.notifications.models import NotificationChannel
 from incidents.notifications.sendtest import channel_test_send, notification_channel_test
-from portal.exceptions import ConflictError, QuotaExceeded
+from portal.exceptions import ConflictError, RateLimited
 from tenants.actors import Actor
 from tenants.models import AuditEvent
 from tests.conftest import TenantWorld
@@ -234,7 +234,7 @@ def test_the_tenant_budget_bounds_tests_across_channels(
     with django_capture_on_commit_callbacks(execute=True) as queued:
         for channel in channels[:5]:
             notification_channel_test(tenant=world_a.tenant, actor=actor, channel=channel)
-        with pytest.raises(QuotaExceeded, match="5 per tenant a minute"):
+        with pytest.raises(RateLimited, match="5 per tenant a minute"):
             notification_channel_test(tenant=world_a.tenant, actor=actor, channel=channels[5])
     assert len(queued) == 5 and len(receiver.requests) == 5
 

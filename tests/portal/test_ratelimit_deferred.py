@@ -149,3 +149,15 @@ def test_an_admitted_list_runs_its_query(world_a: TenantWorld) -> None:
         response = world_a.client("token").get(reverse("audit-event-list"))
     assert response.status_code == 200
     assert len(executed.on_audit_table()) == 1
+
+
+def test_a_rate_limited_business_error_answers_429_with_retry_after() -> None:
+    """A service's RateLimited (a tenant bucket or cap) through the API: 429, its code, and
+    Retry-After from its wait (rounded up)."""
+    from portal.api.errors import exception_handler
+    from portal.exceptions import RateLimited
+
+    response = exception_handler(RateLimited("at most 2 at once per tenant", wait=2.2), {})
+    assert response is not None and response.status_code == 429
+    assert response["Retry-After"] == "3"
+    assert response.data["error"]["code"] == "rate_limited"

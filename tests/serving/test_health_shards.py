@@ -167,9 +167,9 @@ def test_a_dead_workers_shard_is_taken_by_the_next_tick(
     lease runs out; while it lived, its renewals kept the shard well past one lease."""
     a, b, n = _fleet(world_a, world_b)
     shard = a.pk % n
-    # A second's lease (renewed every third of it): a loaded CI machine's scheduling pauses
-    # stay well inside it; the test still spans four leases.
-    monkeypatch.setattr(lease, "LEASE_S", 1.0)
+    # A 2 s lease (renewed every third of it): a loaded CI machine's scheduling pauses stay
+    # well inside it; the test still spans three leases.
+    monkeypatch.setattr(lease, "LEASE_S", 2.0)
     ready_r, ready_w = os.pipe()
 
     def hang(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -189,13 +189,15 @@ def test_a_dead_workers_shard_is_taken_by_the_next_tick(
     os.close(ready_w)  # a child that ends early: the read below sees the end of the pipe
     try:
         assert os.read(ready_r, 1) == b"x"
-        time.sleep(4 * 1.0)  # four leases: only renewals keep it
+        time.sleep(3 * 2.0)  # three leases: only renewals keep it
         assert health.tick(act=False, shard=shard, shards=n)["skipped"]
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         os.close(ready_r)
 
+    # The replica keeps publishing meanwhile (its value above is older than STALE_S by now).
+    Replica(a, "stable", "r1").serve(ok=6, failed=1)
     deadline = time.monotonic() + 30  # a bound on the wait, not a timing under test
     while (report := health.tick(act=False, shard=shard, shards=n)).get("skipped"):
         assert time.monotonic() < deadline, "the dead worker's shard was never handed over"
@@ -229,17 +231,17 @@ def test_a_shard_message_that_waited_over_a_tick_ticks_at_its_own_time(
     world_a: TenantWorld, settings: Any
 ) -> None:
     """A backlog (workers busy) leaves shard messages queued for up to five ticks: one run
-    late stamps its rows and its visit with the time it ran, not the beat's."""
+    late stamps its rows and its visit with the latest beat time, not the one it carries."""
     a = _ready(world_a)
     settings.HEALTH_PROBES = False
     Replica(a, "stable", "r1").serve(ok=4)
     interval = float(settings.CELERY_BEAT_SCHEDULE["health-tick"]["schedule"])
-    sent = time.time() - 3 * interval  # the beat sent it three ticks ago
-    before = time.time()
+    sent = time.time() - 3.5 * interval  # the beat sent it three and a half ticks ago
     tasks.health_tick_shard(0, 1, sent)
-    assert health.deployment_health(a.pk)["checked_at"] >= before
+    # It ticks at the latest beat time since (on the beat's grid, not seconds late).
+    assert health.deployment_health(a.pk)["checked_at"] == pytest.approx(sent + 3 * interval)
     row = SliSample.objects.get(deployment=a, resolution=Resolution.RAW)
-    assert row.end.timestamp() >= before
+    assert row.end.timestamp() == pytest.approx(sent + 3 * interval, abs=0.01)
     # On time, the shards share the beat's time.
     Replica(a, "stable", "r1").serve(ok=2)
     on_time = time.time() + 2.5

@@ -509,7 +509,7 @@ def test_reported_drift_and_stale_features_breach_their_objectives(world_a: Tena
     assert status["prompt-drift"]["ok"] is True and status["profile-fresh"]["ok"] is True
 
 
-def _go_silent(deployment: Deployment, group: str, name: str, ago_s: float = 6.0) -> None:
+def _go_silent(deployment: Deployment, group: str, name: str, ago_s: float = 12.0) -> None:
     """The replica's last value, as if it stopped publishing `ago_s` ago (a crash, a kill)."""
     client = redis.Redis.from_url(settings.REDIS_URL)
     key = f"{settings.SLI_KEY_PREFIX}:sli:{deployment.tenant.slug}.{deployment.name}:{group}"
@@ -604,31 +604,42 @@ async def _send(snapshot: dict[str, Any]) -> None:
     await client.aclose()
 
 
-def test_lost_replicas_spares_other_versions_and_counts_a_resumed_one_again() -> None:
+def test_lost_replicas_counts_each_once_and_spares_pauses_other_versions_and_gaps() -> None:
     from serving.ops.health.slots import lost_replicas
+    from serving.ops.health.targets import FORGET_S, LOST_AFTER_S
 
-    def value(name: str, version: str) -> dict[str, Any]:
-        return {"replica": name, "version": version}
+    wall = 1000.0
+
+    def value(name: str, version: str, silent_s: float = 0.0) -> dict[str, Any]:
+        return {"replica": name, "version": version, "window": {"end": wall - silent_s}}
+
+    def lost(published: list[dict[str, Any]], counted: Any = None, **kw: Any) -> Any:
+        known = {str(p["replica"]): {} for p in published}
+        return lost_replicas(seen, known, {}, published, counted, "v2", wall=wall, **kw)
 
     seen = {"a": {}, "b": {}, "old": {}}
-    published = [value("a", "v2"), value("b", "v2"), value("old", "v1")]
-    fresh = [value("b", "v2")]
-    # a (this version) and old (the previous one, a rollout's) went silent.
-    gone, lost = lost_replicas(seen, seen, {}, published, fresh, None, "v2")
-    assert (gone, lost) == (1, ["a"])
-    gone, lost = lost_replicas(seen, seen, {}, published, fresh, lost, "v2")
-    assert (gone, lost) == (0, ["a"])
-    # a resumes (a long pause), then goes silent again: a second loss.
-    gone, lost = lost_replicas(seen, seen, {}, published, published[:2], lost, "v2")
-    assert (gone, lost) == (0, [])
-    gone, lost = lost_replicas(seen, seen, {}, published, fresh, lost, "v2")
-    assert (gone, lost) == (1, ["a"])
+    paused = [value("a", "v2", 6.0), value("b", "v2"), value("old", "v1", 30.0)]
+    assert lost(paused) == (0, [], [])  # a paused 6 s (a GC, a starved CPU): not lost yet
+    # a silent past LOST_AFTER_S; old (the previous version, a rollout's) is not counted.
+    silent = [value("a", "v2", LOST_AFTER_S + 1), *paused[1:]]
+    assert lost(silent) == (1, ["a"], [])
+    assert lost(silent, ["a"]) == (0, ["a"], [])  # counted once
+    # a resumes, then goes silent again: still the one loss, not a second.
+    assert lost([value("a", "v2"), *paused[1:]], ["a"]) == (0, ["a"], [])
+    assert lost(silent, ["a"]) == (0, ["a"], [])
+    # Silent for a minute: dead; the tick drops its value and baseline.
+    dead = [value("a", "v2", FORGET_S + 1), value("b", "v2"), value("old", "v1", FORGET_S + 1)]
+    assert lost(dead, ["a"]) == (0, [], ["a", "old"])
     # b's value left the hash with no goodbye (the hash expired): lost; a stopped one is not.
     now_seen = {"a": {}, "old": {}}
-    gone, _ = lost_replicas(seen, now_seen, {}, published[::2], [], lost, "v2")
+    gone, _, _ = lost_replicas(seen, now_seen, {}, silent[::2], ["a"], "v2", wall=wall)
     assert gone == 1
-    gone, _ = lost_replicas(seen, now_seen, {"b": {}}, published[::2], [], lost, "v2")
+    gone, _, _ = lost_replicas(seen, now_seen, {"b": {}}, silent[::2], ["a"], "v2", wall=wall)
     assert gone == 0
+    # A new episode, or a slot ticked again after minutes (a canary back): baselines whose
+    # goodbyes expired meanwhile count nothing; a silent one is remembered, not counted.
+    assert lost_replicas(seen, {}, {}, [], None, "v2", wall=wall, counting=False) == (0, [], [])
+    assert lost(silent, counting=False) == (0, ["a"], [])
 
 
 def test_the_stopped_key_is_the_data_planes() -> None:
@@ -642,12 +653,12 @@ def test_the_stopped_key_is_the_data_planes() -> None:
 
 def test_a_replica_restart_asked_for_is_not_counted_lost(world_a: TenantWorld) -> None:
     """restart_replicas kills replicas (no goodbye from a kill): it marks each one stopped on
-    purpose just after, so the crash-loop signal does not count a restart the contract asked for."""
+    purpose (until the kill's deadline), so the crash-loop signal does not count a restart the contract asked for."""
     from serving.ops.remediation.restart import stopped_on_purpose
 
     deployment, r2, now = _two_replicas_ticked(world_a)
     _go_silent(deployment, "stable", "r1")  # killed; its replacement comes up later
-    stopped_on_purpose(deployment, "stable", "r1")
+    stopped_on_purpose(deployment, "stable", "r1", until=time.time())
     r2.serve(ok=2)
     health.tick(now=now + 2, act=False)
     assert _restarts(deployment) == 0
@@ -676,3 +687,47 @@ def test_a_goodbye_under_an_id_a_live_replica_now_uses_leaves_that_replica_alone
     health.tick(now=now + 2, act=False)
     assert _restarts(deployment) == 0
     assert _stored_requests(deployment) == 4 + 3
+
+
+def test_a_replica_serve_replaces_for_failing_its_health_check_is_lost(
+    world_a: TenantWorld,
+) -> None:
+    """Serve stops an unhealthy replica gracefully too (its __del__ runs): a replica whose
+    health check failed says no goodbye, so the hang is counted (the replica_hang drill's
+    detector)."""
+    from serving.dataplane.version import VersionCore
+
+    deployment, r2, now = _two_replicas_ticked(world_a)
+    core = VersionCore(deployment.serve_app, "stable", {})
+    core.recorder = Replica(deployment, "stable", "r3").recorder
+    core.publisher.redis_url, core.publisher.prefix = settings.REDIS_URL, settings.SLI_KEY_PREFIX
+    core.recorder.current.record(latency_s=0.01, ok=True)
+    asyncio.run(_send(core.recorder.roll()))
+    health.tick(now=now + 2, act=False)
+    core.chaos.check_health = _hung  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        core.check_health()
+    core.__del__()
+    _go_silent(deployment, "stable", "r3")
+    r2.serve(ok=1)
+    health.tick(now=now + 4, act=False)
+    assert _restarts(deployment) == 1
+    assert not redis.Redis.from_url(settings.REDIS_URL).exists(
+        f"{settings.SLI_KEY_PREFIX}:sli-stopped:acme.assistant:stable"
+    )
+
+
+def _hung() -> None:
+    raise RuntimeError("replica_hang: this replica stopped answering its health check")
+
+
+def test_a_replica_silent_for_a_minute_leaves_the_hash_and_the_state(world_a: TenantWorld) -> None:
+    deployment, r2, now = _two_replicas_ticked(world_a)
+    _go_silent(deployment, "stable", "r1", ago_s=61)
+    r2.serve(ok=1)
+    health.tick(now=now + 2, act=False)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    assert not client.hexists(f"{settings.SLI_KEY_PREFIX}:sli:acme.assistant:stable", "r1")
+    state = json.loads(client.hget(health.health_keys()["state"], f"{deployment.pk}:stable"))
+    assert set(state["replicas"]) == {"r2"} and state["lost"] == []
+    assert _restarts(deployment) == 1  # counted as it went (it never said goodbye)

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import transaction
 
 from portal.exceptions import PortalError
+from serving.dataplane.sli import STOPPED_TTL_S
 from serving.deployments.models import Deployment, DeploymentStatus
 from serving.ops import events
 from serving.ops.health import series as series_cache
@@ -25,6 +26,8 @@ from serving.ops.health.probe import probe, probe_streaks
 from serving.ops.health.reloads import alert_failed_reloads
 from serving.ops.health.state import checked_value, last_checks, loads
 from serving.ops.health.targets import (
+    FORGET_S,
+    LOST_AFTER_S,
     PROBE_STATUSES,
     STALE_S,
     SlotResult,
@@ -118,6 +121,7 @@ def tick_slots(
     results: dict[Slot, SlotResult] = {}
     new_states: dict[str, str] = {}
     rows: list[SliSample] = []
+    forgotten: list[tuple[str, list[str]]] = []  # (a slot's SLI hash, dead replicas' fields)
     for (target, group), replicas_raw, stopped_now in zip(
         slots, published, stopped_raw, strict=False
     ):
@@ -175,14 +179,23 @@ def tick_slots(
                 delta = delta + replica_delta(totals, Counts.from_dict(before))
         fresh_replicas = replicas
         replicas = [r for r in replicas if r.get("version") == version]
-        gone, lost = lost_replicas(
-            seen, now_seen, stopped, published_now, fresh_replicas, state.get("lost"), version
-        )
+        # Lost replicas count within an episode whose state is recent: a slot ticked again
+        # after a long gap (a canary back after minutes) has baselines of replicas whose
+        # goodbyes have expired since.
+        last_at = float(state.get("at", now - dep.health_interval_s))
+        counting = not fresh and now - last_at < STOPPED_TTL_S - 30
+        gone, lost, forget = lost_replicas(
+            seen, now_seen, stopped, published_now, state.get("lost"), version,
+            wall=wall, counting=counting,
+        )  # fmt: skip
+        if forget:  # silent for a minute: dead; their values and baselines go
+            for name in forget:
+                now_seen.pop(name, None)
+            forgotten.append((f"{keys['sli']}:{target.app}:{group}", forget))
         ok, ms, status = probes.get(dep.pk, (None, None, None))
         if group == "stable" and ok is False and status != 502:
             delta.requests += 1  # the version never saw it: count the failure here
             delta.errors += 1
-        last_at = float(state.get("at", now - dep.health_interval_s))
         delta.seconds = max(0.0, now - last_at)
         name = f"{dep.pk}:{group}"
         # Every fresh replica of the slot, one left on other weights included: it must show.
@@ -313,6 +326,8 @@ def tick_slots(
                 {"ended": True, "replicas": old.get("replicas", {})}, separators=(",", ":")
             )
     with r.pipeline(transaction=False) as pipe:
+        for key, fields in forgotten:
+            pipe.hdel(key, *fields)
         if new_states:
             pipe.hset(keys["state"], mapping=new_states)
         if new_infos:
@@ -363,27 +378,41 @@ def lost_replicas(
     now_seen: Mapping[str, Any],
     stopped: Mapping[str, Any],
     published: list[dict[str, Any]],
-    fresh: list[dict[str, Any]],
     counted: list[str] | None,
     version: str,
-) -> tuple[int, list[str]]:
-    """Replicas of the slot that went away without Serve stopping them (a crash, a kill, a
-    hung event loop), each counted once: one of this version whose value went stale while a
-    sibling keeps the hash alive, or whose value left the hash without a goodbye. Serve's own
-    stops (a scale-down, a rollout's old replicas, a delete) said so and are not counted; nor
-    is a stale replica of another version. Returns the count and the stale replicas already
-    counted (the state keeps them, so that one is not counted again when its value expires)."""
+    *,
+    wall: float,
+    counting: bool = True,
+) -> tuple[int, list[str], list[str]]:
+    """Replicas of the slot that went away without Serve stopping them on purpose (a crash,
+    a kill, a hung event loop, a failed health check), each counted once: one of this version
+    silent for LOST_AFTER_S while a sibling keeps the hash alive, or whose value left the hash
+    without a goodbye. Serve's own stops (a scale-down, a rollout's old replicas, a delete)
+    said so and are not counted; nor is a silent replica of another version, nor anything
+    while not `counting` (a new episode; a slot not ticked for minutes).
+
+    Returns the count; the replicas counted that still have a baseline (the state keeps them:
+    one that comes back and goes silent again, or whose value finally expires, is not counted
+    again); and the replicas silent for FORGET_S, whose values and baselines the tick drops
+    (a crash-looping slot beside a healthy sibling does not grow its hash and state)."""
     if not seen:
-        return 0, []
-    fresh_ids = {str(r.get("replica")) for r in fresh}
-    stale_all = {
-        str(s.get("replica")) for s in published if str(s.get("replica")) not in fresh_ids
-    } & set(now_seen)
-    stale = {str(s.get("replica")) for s in published if s.get("version") == version} & stale_all
-    vanished = set(seen) - set(now_seen) - set(stopped)
-    already = set(counted or ())
-    new = (stale | vanished) - already
-    return len(new), sorted((already | new) & stale_all)
+        return 0, [], []
+    silent = {
+        str(s.get("replica")): wall - float(s.get("window", {}).get("end", wall)) for s in published
+    }
+    known = set(now_seen)
+    quiet = {
+        str(s.get("replica"))
+        for s in published
+        if s.get("version") == version and silent[str(s.get("replica"))] > LOST_AFTER_S
+    } & known
+    vanished = set(seen) - known - set(stopped)
+    already = set(counted or ()) & set(seen)
+    candidates = quiet | vanished
+    new = candidates - already if counting else set()
+    forget = sorted(name for name in known if silent.get(name, 0.0) > FORGET_S)
+    keep = sorted((already | candidates) & known - set(forget))
+    return len(new), keep, forget
 
 
 def stopped_replicas(

@@ -24,6 +24,10 @@ LIVE_STATUSES = (
 )
 PROBE_STATUSES = (DeploymentStatus.RUNNING, DeploymentStatus.UNHEALTHY)
 STALE_S = 5.0  # replicas publish every second; an older value is a stopped replica's
+# A replica of the slot's version silent this long without a goodbye is counted lost (a pause
+# of a few seconds, a GC, a starved CPU, is not); silent FORGET_S, its value and baseline go.
+LOST_AFTER_S = 10.0
+FORGET_S = 60.0
 
 
 @dataclass

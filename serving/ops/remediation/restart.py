@@ -8,7 +8,6 @@ replica twice.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,9 +16,9 @@ from django.conf import settings
 
 from serving.control.cluster import ray_target_from_env
 from serving.control.names import slot_app
-from serving.control.replicas import kill_replica
+from serving.control.replicas import KILL_TIMEOUT_S, kill_replica
 from serving.control.serve_api import ServeApiClient
-from serving.dataplane.sli import STOPPED_TTL_S, stopped_key
+from serving.dataplane.sli import mark_stopped
 from serving.deployments.models import Deployment, DeploymentRevision
 from serving.ops.health import health_redis
 from serving.ops.remediation.actions import Outcome
@@ -44,18 +43,17 @@ def slot_application(deployment: Deployment, revision: DeploymentRevision, group
     return wanted if wanted in own else deployment.serve_app
 
 
-def stopped_on_purpose(deployment: Deployment, group: str, replica: str) -> None:
-    """A replica this step killed is a restart asked for, not a replica lost: it goes to the
-    slot's stopped hash (serving.dataplane.sli.stopped_key), as Serve's graceful stops do, so
+def stopped_on_purpose(deployment: Deployment, group: str, replica: str, until: float) -> None:
+    """A replica this step kills is a restart asked for, not a replica lost: it goes to the
+    slot's stopped hash (serving.dataplane.sli.mark_stopped), as Serve's graceful stops do, so
     the health check does not count it in `replica_restarts` (its crash-loop signal). Written
-    just after the kill (it goes stale only 5 s later); its counts since the tick's last read
-    are not known (it never said goodbye)."""
-    key = stopped_key(settings.SLI_KEY_PREFIX, deployment.serve_app, group)
-    value = json.dumps({"at": time.time(), "by": "restart_replicas"}, separators=(",", ":"))
-    with health_redis().pipeline(transaction=True) as pipe:
-        pipe.hset(key, replica, value)
-        pipe.expire(key, STOPPED_TTL_S)
-        pipe.execute()
+    before the kill, valid `until` the kill's deadline (its publishes until then are a dying
+    replica's; a value published later, the kill having failed, is a live one). Its counts
+    since the tick's last read are not known (it never said goodbye)."""
+    last = {"at": until, "by": "restart_replicas"}
+    mark_stopped(
+        health_redis(), settings.SLI_KEY_PREFIX, deployment.serve_app, group, replica, last
+    )
 
 
 def _replacement(client: ServeApiClient, app: str, old: str, known: set[str], count: int) -> str:
@@ -100,8 +98,8 @@ def restart_replicas(
             continue
         listed = {r.replica_id for r in client.replicas(app)}
         if old in listed and progress["names"].get(old):
-            kill_replica(target, progress["names"][old])
-            stopped_on_purpose(deployment, group, old)  # after its last publish: the kill
+            stopped_on_purpose(deployment, group, old, until=time.time() + KILL_TIMEOUT_S)
+            kill_replica(target, progress["names"][old], timeout_s=KILL_TIMEOUT_S)
         known = set(originals) | set(restarted.values())
         deadline = time.monotonic() + timeout
         beat = time.monotonic()

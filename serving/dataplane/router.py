@@ -97,15 +97,12 @@ class Router:
         self._pool_slots = 0
 
     def __del__(self) -> None:
-        """Serve stops the router on purpose: its in-process stable slot says so (a vLLM one
-        also stops its engine), so the health check does not count it lost."""
-        # A VersionCore (or vLLM's); a stand-in core without a destructor has nothing to say.
-        stop = getattr(getattr(self, "local", None), "__del__", None)
-        if stop is not None:
-            stop()
-        publisher = getattr(self, "publisher", None)
-        if publisher is not None:
-            publisher.stop()
+        """Serve stops the router: its in-process stable slot says so (a vLLM one also stops
+        its engine); a stand-in core without a destructor has nothing to say."""
+        local, publisher = getattr(self, "local", None), getattr(self, "publisher", None)
+        for stop in (getattr(local, "__del__", None), getattr(publisher, "stop", None)):
+            if stop is not None:
+                stop()
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         if self.local is not None:
@@ -336,9 +333,8 @@ class Router:
         return await self.retirements.first(app, response, response), None
 
     def _to_stable(self, group: str, breaker: CircuitBreaker, exc: Exception) -> bool:
-        """Does the stable slot answer a request the canary failed? Retired; or while the
-        canary is starting (no answer yet, failing for under STARTUP_GRACE_S), unless a drill
-        injected the failure or the canary refused."""
+        """Does the stable slot answer a request the canary failed? Retired; or, unless a drill
+        injected it or the canary refused, while the canary starts (CanaryBreaker.starting)."""
         if group != "canary" or "stable" not in self.groups:
             if isinstance(exc, Retired):
                 raise Refused(503, "no_version", "the version was retired") from None
@@ -347,8 +343,7 @@ class Router:
             return True
         if unwrap_as(exc, InjectedFault) is not None or unwrap_refused(exc) is not None:
             return False  # a drill's failure, or the canary's own refusal: the client sees it
-        # Only a failure the grace may cover starts its clock.
-        return isinstance(breaker, CanaryBreaker) and breaker.starting()
+        return isinstance(breaker, CanaryBreaker) and breaker.starting()  # starts its clock
 
     def _local(self) -> VersionCore:
         if self.local is None:

@@ -222,9 +222,15 @@ return redis.call('EXPIRE', KEYS[2], ARGV[4])
 
 
 def mark_stopped(
-    client: Any, prefix: str, app: str, group: str, replica: str, last: dict[str, Any],
-    *, own_start: float | None = None,
-) -> None:  # fmt: skip
+    client: Any,
+    prefix: str,
+    app: str,
+    group: str,
+    replica: str,
+    last: dict[str, Any],
+    *,
+    own_start: float | None = None,
+) -> None:
     """Record the replica as stopped on purpose (`last`: at least `at`, the time after which
     a value published under its id is a live replica's); with `own_start`, its value leaves
     the slot's hash too while it is still that recorder's."""
@@ -260,13 +266,11 @@ def farewell(redis_url: str, prefix: str, recorder: SliRecorder) -> None:
         client = redis.Redis.from_url(
             redis_url, socket_timeout=1.0, socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 0)
         )
-        mark_stopped(
-            client, prefix, recorder.app, recorder.group, recorder.replica, last,
-            own_start=recorder.totals.started,
-        )  # fmt: skip
+        app, group, replica = recorder.app, recorder.group, recorder.replica
+        mark_stopped(client, prefix, app, group, replica, last, own_start=recorder.totals.started)
     except Exception as exc:  # a goodbye that failed reads as a lost replica: no worse
-        print(f"replica {getattr(recorder, 'replica', '?')}: stop not recorded ({exc})",
-              file=sys.stderr)  # fmt: skip
+        replica = getattr(recorder, "replica", "?")
+        print(f"replica {replica}: stop not recorded ({exc})", file=sys.stderr)
     finally:
         if client is not None:
             with contextlib.suppress(Exception):

@@ -4,7 +4,6 @@ signed in until the code is right) and the account's security page (enrol, disab
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from typing import Any
 
@@ -25,6 +24,7 @@ from tenants import oidc
 from tenants import selectors as tenant_selectors
 from tenants.mfa import selectors, services
 from tenants.models import ApiToken
+from tenants.pages import throttled_page
 from tenants.throttles import client_ip
 
 PENDING_KEY = "mfa_pending"  # the session's half-done sign-in: who, how, where to, since when
@@ -57,16 +57,6 @@ def code_throttle(*, user_id: int, ip: str) -> float:
         limit = max(1, int(limit))
         buckets.append(ratelimit.Bucket(f"{kind}:{digest}", limit / window_s, burst=limit))
     return ratelimit.throttle(buckets)
-
-
-def _throttled(
-    request: HttpRequest, template: str, context: dict[str, Any], wait: float
-) -> HttpResponse:
-    retry_after = max(1, math.ceil(wait))
-    context = {**context, "throttled": True, "retry_after": retry_after}
-    response = render(request, template, context, status=429)
-    response["Retry-After"] = str(retry_after)
-    return response
 
 
 def login_challenge(request: HttpRequest, user: Any, next_url: str) -> HttpResponse | None:
@@ -107,7 +97,7 @@ def login_code(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         wait = code_throttle(user_id=user.pk, ip=client_ip(request.META))
         if wait > 0:
-            return _throttled(request, template, {"form": form}, wait)
+            return throttled_page(request, template, {"form": form}, wait)
         if form.is_valid():
             try:
                 used = services.totp_verify(user=user, code=form.cleaned_data["code"])
@@ -141,7 +131,7 @@ def account_security(request: HttpRequest) -> HttpResponse:
     if action in ("confirm", "disable"):
         wait = code_throttle(user_id=user.pk, ip=client_ip(request.META))
         if wait > 0:
-            return _throttled(request, template, _status(user, context), wait)
+            return throttled_page(request, template, _status(user, context), wait)
     try:
         if action == "start":
             device, uri = services.totp_enrolment_start(user=user)

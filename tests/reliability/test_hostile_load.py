@@ -19,7 +19,7 @@ from django.urls import reverse
 
 from incidents import services as incident_services
 from incidents.rca import rule_matches
-from serving.ops import playground
+from serving.ops import playground_limits
 from tenants.actors import Actor
 from tenants.models import AuditEvent, Role
 from tests.conftest import TenantWorld, add_member
@@ -253,12 +253,14 @@ def test_a_tenant_holds_at_most_its_cap_of_playground_runs_at_once(
 ) -> None:
     settings.PLAYGROUND_TENANT_CONCURRENT = 2
     ours = _serving(world_a)
-    limits = playground.playground_limits(deployment=ours)
+    limits = playground_limits.playground_limits(deployment=ours)
     client.force_login(world_a.operator)
     with ExitStack() as running:
         # Two of Acme's runs are answering (two other members' web workers hold them).
         for _ in range(2):
-            running.enter_context(playground.playground_slot(tenant=world_a.tenant, limits=limits))
+            running.enter_context(
+                playground_limits.playground_slot(tenant=world_a.tenant, limits=limits)
+            )
         data = {"kind": "completion", "prompt": "Hello", "max_tokens": 4, "temperature": 0}
         refused = client.post(_url(world_a, ours), {**data, "arm": "both"})
         assert refused.status_code == 429
@@ -281,7 +283,7 @@ def test_bad_playground_input_names_its_field_and_sends_nothing(
     client: Client, world_a: TenantWorld
 ) -> None:
     ours = _serving(world_a)
-    limits = playground.playground_limits(deployment=ours)
+    limits = playground_limits.playground_limits(deployment=ours)
     client.force_login(world_a.operator)
     for field, value in (("max_tokens", 10_000), ("temperature", 9), ("arm", "all")):
         fields = {"arm": "stable", field: value}

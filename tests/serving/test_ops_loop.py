@@ -605,7 +605,7 @@ async def _send(snapshot: dict[str, Any]) -> None:
 
 
 def test_lost_replicas_counts_each_once_and_spares_pauses_other_versions_and_gaps() -> None:
-    from serving.ops.health.slots import lost_replicas
+    from serving.ops.health.replicas import lost_replicas
     from serving.ops.health.targets import FORGET_S, LOST_AFTER_S
 
     wall = 1000.0

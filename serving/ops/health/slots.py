@@ -14,7 +14,6 @@ from django.conf import settings
 from django.db import transaction
 
 from portal.exceptions import PortalError
-from serving.dataplane.sli import STOPPED_TTL_S
 from serving.deployments.models import Deployment, DeploymentStatus
 from serving.ops import events
 from serving.ops.health import series as series_cache
@@ -24,10 +23,9 @@ from serving.ops.health.kv_integrity import alert_kv_integrity
 from serving.ops.health.lease import shard_lock_key
 from serving.ops.health.probe import probe, probe_streaks
 from serving.ops.health.reloads import alert_failed_reloads
+from serving.ops.health.replicas import account_replicas
 from serving.ops.health.state import checked_value, last_checks, loads
 from serving.ops.health.targets import (
-    FORGET_S,
-    LOST_AFTER_S,
     PROBE_STATUSES,
     STALE_S,
     SlotResult,
@@ -40,9 +38,7 @@ from serving.ops.models import Resolution, SliSample
 from serving.ops.sli_store import (
     Slot,
     as_datetime,
-    counts_of_totals,
     insert_samples,
-    replica_delta,
     sample_row,
 )
 from serving.slo.evaluate import Counts
@@ -139,59 +135,22 @@ def tick_slots(
             state.pop("minute", None)
             state["since"] = now
         cumulative = Counts.from_dict(state["cum"]) if state.get("cum") and not fresh else Counts()
-        delta = Counts()
-        # Replicas Serve stopped on purpose said so with their last totals: a value of theirs
-        # that landed after the goodbye is no replica; one published later is a live one
-        # under the same id (not stopped).
-        published_now = [json.loads(v) for v in replicas_raw.values()]
-        stopped = stopped_replicas(stopped_now, published_now)
-        published_now = [s for s in published_now if str(s.get("replica")) not in stopped]
-        decoded[(target.app, group)] = published_now
-        # A stopped replica's last value lingers in the hash while others refresh its TTL: it is
-        # not counted, but its baseline stays while its value does.
-        replicas = [
-            snapshot
-            for snapshot in published_now
-            if wall - float(snapshot.get("window", {}).get("end", wall)) <= STALE_S
-        ]
-        now_seen: dict[str, Any] = {
-            str(snapshot.get("replica")): seen[str(snapshot.get("replica"))]
-            for snapshot in published_now
-            if snapshot not in replicas and str(snapshot.get("replica")) in seen
-        }
-        for replica in replicas:
-            totals = counts_of_totals(replica.get("totals") or {})
-            before = seen.get(replica["replica"])
-            if replica.get("version") != version:
-                # Still the previous version's replica (going away, or mid hot-reload): its
-                # counts are not this version's; keep its baseline for when it switches.
-                if before is not None:
-                    now_seen[replica["replica"]] = before
-                continue
-            if not (fresh and before is not None):  # a known replica joins a new episode at 0
-                delta = delta + replica_delta(totals, Counts.from_dict(before) if before else None)
-            now_seen[replica["replica"]] = totals.to_dict()
-        for name, last in stopped.items():
-            before = seen.get(name)
-            if before is not None and last.get("version") == version and not fresh:
-                # What it served between the last tick and its goodbye.
-                totals = counts_of_totals(last.get("totals") or {})
-                delta = delta + replica_delta(totals, Counts.from_dict(before))
-        fresh_replicas = replicas
-        replicas = [r for r in replicas if r.get("version") == version]
-        # Lost replicas count within an episode whose state is recent: a slot ticked again
-        # after a long gap (a canary back after minutes) has baselines of replicas whose
-        # goodbyes have expired since.
         last_at = float(state.get("at", now - dep.health_interval_s))
-        counting = not fresh and now - last_at < STOPPED_TTL_S - 30
-        gone, lost, forget = lost_replicas(
-            seen, now_seen, stopped, published_now, state.get("lost"), version,
-            wall=wall, counting=counting,
-        )  # fmt: skip
-        if forget:  # silent for a minute: dead; their values and baselines go
-            for name in forget:
-                now_seen.pop(name, None)
-            forgotten.append((f"{keys['sli']}:{target.app}:{group}", forget))
+        slot_replicas = account_replicas(
+            seen=seen,
+            published_raw=replicas_raw,
+            stopped_raw=stopped_now,
+            version=version,
+            fresh=bool(fresh),
+            wall=wall,
+            now=now,
+            last_at=last_at,
+            lost=state.get("lost"),
+        )
+        decoded[(target.app, group)] = slot_replicas.published
+        if slot_replicas.forget:
+            forgotten.append((f"{keys['sli']}:{target.app}:{group}", slot_replicas.forget))
+        delta = slot_replicas.delta
         ok, ms, status = probes.get(dep.pk, (None, None, None))
         if group == "stable" and ok is False and status != 502:
             delta.requests += 1  # the version never saw it: count the failure here
@@ -206,7 +165,7 @@ def tick_slots(
             tenant_id=dep.tenant_id,
             group=group,
             version=version,
-            replicas=fresh_replicas,
+            replicas=slot_replicas.fresh,
             delta=delta,
             routers=routers.get(dep.pk, []),
             gpu=gpu,
@@ -221,7 +180,7 @@ def tick_slots(
         if point is not None:
             new_points[name] = point
         cumulative = cumulative + delta
-        kv = slot_signals.kv_summary(replicas, str(dep.tenant_id), gone)
+        kv = slot_signals.kv_summary(slot_replicas.serving, str(dep.tenant_id), slot_replicas.gone)
         slot: Slot = (dep.pk, group)
         rows.append(
             sample_row(
@@ -262,8 +221,8 @@ def tick_slots(
                 "version": version,
                 "since": state["since"],
                 "cum": cumulative.to_dict(),
-                "replicas": now_seen,
-                "lost": lost,
+                "replicas": slot_replicas.baselines,
+                "lost": slot_replicas.lost,
                 "minute": minute,
             },
             separators=(",", ":"),
@@ -313,8 +272,8 @@ def tick_slots(
         )
     if held is not None and not held():
         logger.warning("health tick %s lost its lease mid-way: its findings are dropped", shard)
-        return {"deployments": len(targets), "due": len(due), "slots": 0, "rows": 0,
-                "probes": len(probes), "firing": 0, "actions": [], "lost": True}  # fmt: skip
+        counts = {"deployments": len(targets), "due": len(due), "probes": len(probes)}
+        return {**counts, "slots": 0, "rows": 0, "firing": 0, "actions": [], "lost": True}
     insert_samples(rows)
     # A canary that left ends its episode (one that comes back starts from zero) but keeps its
     # replicas' baselines: a lingering old replica's counts never land in the next episode.
@@ -371,67 +330,6 @@ def tick_slots(
         "firing": sum(len(a) for a in firing.values()),
         "actions": actions,
     }
-
-
-def lost_replicas(
-    seen: Mapping[str, Any],
-    now_seen: Mapping[str, Any],
-    stopped: Mapping[str, Any],
-    published: list[dict[str, Any]],
-    counted: list[str] | None,
-    version: str,
-    *,
-    wall: float,
-    counting: bool = True,
-) -> tuple[int, list[str], list[str]]:
-    """Replicas of the slot that went away without Serve stopping them on purpose (a crash,
-    a kill, a hung event loop, a failed health check), each counted once: one of this version
-    silent for LOST_AFTER_S while a sibling keeps the hash alive, or whose value left the hash
-    without a goodbye. Serve's own stops (a scale-down, a rollout's old replicas, a delete)
-    said so and are not counted; nor is a silent replica of another version, nor anything
-    while not `counting` (a new episode; a slot not ticked for minutes).
-
-    Returns the count; the replicas counted that still have a baseline (the state keeps them:
-    one that comes back and goes silent again, or whose value finally expires, is not counted
-    again); and the replicas silent for FORGET_S, whose values and baselines the tick drops
-    (a crash-looping slot beside a healthy sibling does not grow its hash and state)."""
-    if not seen:
-        return 0, [], []
-    silent = {
-        str(s.get("replica")): wall - float(s.get("window", {}).get("end", wall)) for s in published
-    }
-    known = set(now_seen)
-    quiet = {
-        str(s.get("replica"))
-        for s in published
-        if s.get("version") == version and silent[str(s.get("replica"))] > LOST_AFTER_S
-    } & known
-    vanished = set(seen) - known - set(stopped)
-    already = set(counted or ()) & set(seen)
-    candidates = quiet | vanished
-    new = candidates - already if counting else set()
-    forget = sorted(name for name in known if silent.get(name, 0.0) > FORGET_S)
-    keep = sorted((already | candidates) & known - set(forget))
-    return len(new), keep, forget
-
-
-def stopped_replicas(
-    raw: Mapping[Any, Any], published: list[dict[str, Any]]
-) -> dict[str, dict[str, Any]]:
-    """The slot's stopped-on-purpose entries, less those with a value published after their
-    stop (a live replica under the same id)."""
-    stopped = {_text(k): json.loads(v) for k, v in raw.items()}
-    for snapshot in published:
-        name = str(snapshot.get("replica"))
-        if name in stopped:
-            end = float(snapshot.get("window", {}).get("end", 0))
-            if end > float(stopped[name].get("at", 0)) + 0.001:
-                del stopped[name]
-    return stopped
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def shard_key(keys: dict[str, str], shard: tuple[int, int]) -> str:

@@ -14,14 +14,14 @@ from django.views.decorators.http import require_http_methods
 from portal.exceptions import PortalError, RateLimited
 from serving.deployments import selectors as deployment_selectors
 from serving.deployments.models import Deployment
-from serving.ops import playground
+from serving.ops import playground, playground_limits
 from serving.ops.forms import PlaygroundForm
 from serving.ops.health.targets import PROBE_STATUSES
 from tenants.models import Scope, Tenant
 from tenants.pages import form_error, tenant_page
 
 
-def _form(limits: playground.PlaygroundLimits, data: Any = None) -> PlaygroundForm:
+def _form(limits: playground_limits.PlaygroundLimits, data: Any = None) -> PlaygroundForm:
     return PlaygroundForm(
         data, max_prompt_chars=limits.max_prompt_chars, max_tokens=limits.max_tokens
     )
@@ -30,7 +30,7 @@ def _form(limits: playground.PlaygroundLimits, data: Any = None) -> PlaygroundFo
 def _render(
     request: HttpRequest,
     deployment: Deployment,
-    limits: playground.PlaygroundLimits,
+    limits: playground_limits.PlaygroundLimits,
     form: PlaygroundForm,
     *,
     answers: list[playground.ArmAnswer] | None = None,
@@ -56,13 +56,15 @@ def _render(
 @tenant_page(Scope.DEPLOY)
 def playground_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
     deployment = deployment_selectors.deployment_get(tenant=tenant, pk=pk)
-    limits = playground.playground_limits(deployment=deployment)
+    limits = playground_limits.playground_limits(deployment=deployment)
     if request.method == "GET":
         return _render(request, deployment, limits, _form(limits))
     form = _form(limits, request.POST)
     if not form.is_valid():
         return _render(request, deployment, limits, form, status=400)
-    wait = playground.playground_throttle(tenant=tenant, user_id=request.user.pk, limits=limits)
+    wait = playground_limits.playground_throttle(
+        tenant=tenant, user_id=request.user.pk, limits=limits
+    )
     if wait > 0:
         retry_after = max(1, math.ceil(wait))
         form.add_error(
@@ -74,7 +76,7 @@ def playground_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpRespon
         response["Retry-After"] = str(retry_after)
         return response
     try:
-        with playground.playground_slot(tenant=tenant, limits=limits):
+        with playground_limits.playground_slot(tenant=tenant, limits=limits):
             answers = playground.playground_run(
                 deployment=deployment, limits=limits, **form.cleaned_data
             )

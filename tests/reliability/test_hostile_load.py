@@ -273,6 +273,8 @@ def test_a_tenant_holds_at_most_its_cap_of_playground_runs_at_once(
         client.force_login(world_b.operator)
         assert _answers(_post(client, _url(world_b, theirs), arm="stable").content.decode())
     # Acme's runs ended: its slots are free again, and a finished run gives its own back.
+    # The refused run cost no bucket: the member still has all its runs of the minute.
+    settings.PLAYGROUND_PER_MINUTE = 3
     client.force_login(world_a.operator)
     for _ in range(3):
         assert _answers(_post(client, _url(world_a, ours), arm="stable").content.decode())

@@ -62,21 +62,11 @@ def playground_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpRespon
     form = _form(limits, request.POST)
     if not form.is_valid():
         return _render(request, deployment, limits, form, status=400)
-    wait = playground_limits.playground_throttle(
-        tenant=tenant, user_id=request.user.pk, limits=limits
-    )
-    if wait > 0:
-        retry_after = max(1, math.ceil(wait))
-        form.add_error(
-            None,
-            f"Too many playground runs (at most {limits.per_minute} a minute per member and "
-            f"{limits.tenant_per_minute} a minute for the tenant); try again in {retry_after} s.",
-        )
-        response = _render(request, deployment, limits, form, status=429)
-        response["Retry-After"] = str(retry_after)
-        return response
     try:
+        # The tenant's slot first: a run refused because the tenant's runs are all answering
+        # costs neither the member's nor the tenant's bucket.
         with playground_limits.playground_slot(tenant=tenant, limits=limits):
+            _charge(tenant, request.user.pk, limits)
             answers = playground.playground_run(
                 deployment=deployment, limits=limits, **form.cleaned_data
             )
@@ -89,3 +79,14 @@ def playground_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpRespon
         form_error(form, exc)
         return _render(request, deployment, limits, form, status=exc.status_code)
     return _render(request, deployment, limits, form, answers=answers)
+
+
+def _charge(tenant: Tenant, user_id: int, limits: playground_limits.PlaygroundLimits) -> None:
+    wait = playground_limits.playground_throttle(tenant=tenant, user_id=user_id, limits=limits)
+    if wait > 0:
+        retry_after = max(1, math.ceil(wait))
+        raise RateLimited(
+            f"Too many playground runs (at most {limits.per_minute} a minute per member and "
+            f"{limits.tenant_per_minute} a minute for the tenant); try again in {retry_after} s.",
+            wait=retry_after,
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class PortalError(Exception):
     """Base of every business error; carries a machine code and the field it is about."""
@@ -58,3 +60,11 @@ class RateLimited(PortalError):
     def __init__(self, message: str, *, wait: float, field: str | None = None) -> None:
         super().__init__(message, field=field)
         self.wait = wait
+
+    @classmethod
+    def unless_ready(cls, wait: float, refused: str) -> None:
+        """Raise "<refused>; try again in N s." (N: `wait` rounded up, at least 1) when the
+        bucket said to wait; nothing when `wait` is 0."""
+        if wait > 0:
+            retry = max(1, math.ceil(wait))
+            raise cls(f"{refused}; try again in {retry} s.", wait=retry)

@@ -58,13 +58,8 @@ def rule_matches_throttle(*, tenant: Tenant) -> None:
     wait = ratelimit.throttle(
         [ratelimit.Bucket(f"rule-matches:{tenant.pk}", limit / 60, burst=limit)]
     )
-    if wait > 0:
-        retry = max(1, math.ceil(wait))
-        raise RateLimited(
-            f"too many loads of the rule match counts (at most {limit} a minute per tenant); "
-            f"try again in {retry} s.",
-            wait=retry,
-        )
+    refused = f"too many loads of the rule match counts (at most {limit} a minute per tenant)"
+    RateLimited.unless_ready(wait, refused)
 
 
 @dataclass(frozen=True)

@@ -83,10 +83,8 @@ def playground_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpRespon
 
 def _charge(tenant: Tenant, user_id: int, limits: playground_limits.PlaygroundLimits) -> None:
     wait = playground_limits.playground_throttle(tenant=tenant, user_id=user_id, limits=limits)
-    if wait > 0:
-        retry_after = max(1, math.ceil(wait))
-        raise RateLimited(
-            f"Too many playground runs (at most {limits.per_minute} a minute per member and "
-            f"{limits.tenant_per_minute} a minute for the tenant); try again in {retry_after} s.",
-            wait=retry_after,
-        )
+    RateLimited.unless_ready(
+        wait,
+        f"Too many playground runs (at most {limits.per_minute} a minute per member and "
+        f"{limits.tenant_per_minute} a minute for the tenant)",
+    )

@@ -642,15 +642,6 @@ def test_lost_replicas_counts_each_once_and_spares_pauses_other_versions_and_gap
     assert lost(silent, counting=False) == (0, ["a"], [])
 
 
-def test_the_stopped_key_is_the_data_planes() -> None:
-    from serving.dataplane.sli import stopped_key
-    from serving.ops.health.state import health_keys
-
-    assert stopped_key(settings.SLI_KEY_PREFIX, "t.d", "stable") == (
-        f"{health_keys()['sli_stopped']}:t.d:stable"
-    )
-
-
 def test_a_replica_restart_asked_for_is_not_counted_lost(world_a: TenantWorld) -> None:
     """restart_replicas kills replicas (no goodbye from a kill): it marks each one stopped on
     purpose (until the kill's deadline), so the crash-loop signal does not count a restart the contract asked for."""

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import transaction
 
 from portal.exceptions import PortalError
+from serving.dataplane.sli import stopped_key
 from serving.deployments.models import Deployment, DeploymentStatus
 from serving.ops import events
 from serving.ops.health import series as series_cache
@@ -71,7 +72,7 @@ def tick_slots(
         for target in targets:
             pipe.hgetall(f"{keys['router']}:{target.app}")
         for target, group in slots:
-            pipe.hgetall(f"{keys['sli_stopped']}:{target.app}:{group}")
+            pipe.hgetall(stopped_key(settings.SLI_KEY_PREFIX, target.app, group))
         series_cache.queue_read(pipe, keys["signals"], now, slot_names)
         pipe.hmget(keys["consistency"], slot_names or ["-"])
         pipe.hgetall(keys["gpu_latest"])

@@ -30,9 +30,6 @@ def health_keys() -> dict[str, str]:
         "lock": f"{prefix}:health:tick-lock",
         "tick_stats": f"{prefix}:health:tick-stats",
         "sli": f"{prefix}:sli",
-        # + ":<app>:<group>": replicas Serve stopped on purpose (serving.dataplane.sli's
-        # stopped_key; a test keeps the two equal): not lost, their last counts.
-        "sli_stopped": f"{prefix}:sli-stopped",
         "consistency": consistency_key(),
         "signals": f"{prefix}:health:signals",  # per slot: small state (+ ":<slot>": series)
         "router": f"{prefix}:router",  # + ":<app>": the routers' breakers (dataplane.router)

@@ -7,7 +7,11 @@ the canary's traffic share (20 requests at 20% of the traffic: 4, at least 3), s
 as bad as well as errors, and it opens as soon as its last few calls hold more bad ones than the
 stable's own rate makes believable (a one-sided binomial test at `canary_alpha`). A failing
 canary is left within a few of its calls, not a window's worth; a canary as good as its stable
-is not (tests/dataplane/test_breaker.py, bench/rollback.py)."""
+is not (tests/dataplane/test_breaker.py, bench/rollback.py).
+
+A canary call that fails makes the canary suspect (`CanaryBreaker.suspect`): the router answers
+its clients from the stable and mirrors their calls to the canary (serving.dataplane.mirror)
+until it answers `mirror_clean` of them in a row, or the mirrors' failures open it."""
 
 from __future__ import annotations
 
@@ -33,6 +37,9 @@ class BreakerConfig:
     # slow call is (0: more than SLOW_FACTOR x the stable's p95 in the window, >= SLOW_FLOOR_MS).
     canary_alpha: float = 0.001
     slow_ms: float = 0.0
+    # After a failed canary call: clean mirrored calls in a row before its clients come back
+    # (0: no mirroring, a failed call changes nothing until the breaker opens).
+    mirror_clean: int = 5
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> BreakerConfig:
@@ -48,6 +55,10 @@ CANARY_FLOOR, CANARY_BASE_RATE, CANARY_WORSE = 3, 0.01, 2.0
 # How long a canary that has never answered may fail before its failures count: its calls go to
 # the stable meanwhile (Serve bringing up its replicas, weights loading).
 STARTUP_GRACE_S = 30.0
+# A failed canary call makes it suspect only while the rate it is held to (twice the stable's)
+# is below this: beside a flaky stable one failure is no news, and its clients would be gone
+# more often than not.
+SUSPECT_BELOW = 0.05
 
 
 class CircuitBreaker:
@@ -187,6 +198,8 @@ class CanaryBreaker(CircuitBreaker):
         self.first_answer_at: float | None = None
         self.first_failure_at: float | None = None  # the first call it failed before answering
         self.answers = 0
+        self.clean_owed = 0  # clean calls in a row it owes since its last failure (suspect)
+        self.mirrored = 0  # cumulative: client calls the stable answered while it was suspect
 
     def starting(self) -> bool:
         """Not answered yet, and its first failure is under STARTUP_GRACE_S old: its calls
@@ -198,6 +211,11 @@ class CanaryBreaker(CircuitBreaker):
         if self.first_failure_at is None:
             self.first_failure_at = now
         return now - self.first_failure_at < STARTUP_GRACE_S
+
+    def suspect(self) -> bool:
+        """A call failed and the canary has not answered `mirror_clean` in a row since: its
+        clients go to the stable (while that one is closed), their calls are mirrored here."""
+        return self.clean_owed > 0 and self.state == CLOSED and self.baseline.state == CLOSED
 
     def min_requests(self) -> int:
         """The minimum scaled to the canary's share of the traffic: as much of the stable's
@@ -229,7 +247,15 @@ class CanaryBreaker(CircuitBreaker):
             self.answers += 1
             if self.answers <= WARMUP_ANSWERS or now - seconds < self.first_answer_at:
                 seconds = 0.0
+            if self.clean_owed and not self._bad_now(ok, seconds):
+                self.clean_owed -= 1
+        elif self._against(self.clock())[1] < SUSPECT_BELOW:
+            self.clean_owed = self.config.mirror_clean
         super().record(ok, seconds)
+
+    def _open(self, now: float) -> None:
+        super()._open(now)
+        self.clean_owed = 0
 
     def _worse(self, now: float) -> bool:
         """Its last min_requests() calls hold at least two bad ones (failed or slow), fewer
@@ -249,4 +275,6 @@ class CanaryBreaker(CircuitBreaker):
             "share": round(self.share, 4),
             "min_requests": self.min_requests(),
             "slow_ms": round(self._baseline[1] * 1000, 1),
+            "suspect": self.suspect(),
+            "mirrored": self.mirrored,
         }

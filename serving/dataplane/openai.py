@@ -139,6 +139,18 @@ def prompt_of(kind: str, body: dict[str, Any]) -> str:
     return plain(messages_of(body))
 
 
+def models_body(config: dict[str, Any], groups: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`GET /v1/models`: the deployment's name once per slot, with the slot's version."""
+    deployment = str(config.get("deployment"))
+    return {
+        "object": "list",
+        "data": [
+            {"id": deployment, "object": "model", "version": g.get("version"), "group": name}
+            for name, g in groups.items()
+        ],
+    }
+
+
 def completion_body(
     kind: str, request_id: str, model: str, text: str, reason: str | None, usage: dict[str, int]
 ) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from serving.dataplane.lifecycle import (
     Lifecycle,
     RecentRequests,
 )
+from serving.dataplane.mirror import Mirrors
 from serving.dataplane.prompt_sample import PromptSampler
 from serving.dataplane.publisher import Publisher, app_name, replica_id
 from serving.dataplane.traffic import (
@@ -91,6 +92,7 @@ class Router:
         self.replica = replica_id()
         self.publisher = Publisher(self.stats, publish_router)
         self.sample = PromptSampler(self.publisher)  # a drill's sample of the prompts
+        self.mirrors = Mirrors(self)  # a suspect canary's calls (serving.dataplane.mirror)
         # A shared deployment's share of the pool's request slots: at most this many of the
         # tenant's requests are in the pool at once, the rest wait here, in its own router.
         self._pool_gate: asyncio.Semaphore | None = None
@@ -217,7 +219,7 @@ class Router:
             key_ok, tenant = probe_identity is not None, probe_identity or tenant
         blocked = self._blocked()
         if path.rstrip("/") == "/v1/models" and request.method == "GET" and key_ok and not blocked:
-            return JSONResponse(self._models(), headers=headers)
+            return JSONResponse(openai.models_body(self.config, self.groups), headers=headers)
         life = Lifecycle(request_id, trace_id=trace.trace_id)
         self.recent.add(life)
         # Bound once per request: a reconfigure (new split, canary gone) may land mid-request.
@@ -242,12 +244,6 @@ class Router:
             client = None if probe_identity else self.split.client(request.headers, body)
             percent = float(self.config.get("canary_percent", 0))
             requested = self.split.requested(client, percent, request.headers.get("x-ab-group"))
-            group = self.tiers.route(
-                prompt, "stable" if probe_identity else requested, probe_identity
-            )
-            breaker, handle = self._breaker(group), self.handles[group][1]
-            life.group = group
-            sticky.version_headers(headers, group, self.config)
             payload = {
                 "request_id": request_id,
                 "tenant": tenant,
@@ -258,6 +254,13 @@ class Router:
                 "guard": self.config.get("guard") or {},
                 "traceparent": tracing.header(span) or trace.child().header,
             }
+            # A suspect canary's clients: the stable answers, the canary gets a mirror.
+            routed = self.tiers.route(
+                prompt, "stable" if probe_identity else requested, probe_identity
+            )
+            group = life.group = self.mirrors.divert(routed, payload)
+            breaker, handle = self._breaker(group), self.handles[group][1]
+            sticky.version_headers(headers, group, self.config)
             life.to(EXECUTING)
             model = str(self.config.get("deployment", "model"))
             slot = await PoolSlot.take(self._pool_gate if handle is not None else None)
@@ -366,20 +369,6 @@ class Router:
         if other in self.groups and self._breaker(other).allow():
             return other
         raise Refused(503, "circuit_open", f"the {group} version's circuit breaker is open")
-
-    def _models(self) -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": str(self.config.get("deployment")),
-                    "object": "model",
-                    "version": g.get("version"),
-                    "group": name,
-                }
-                for name, g in self.groups.items()
-            ],
-        }
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -35,6 +35,8 @@ HELP = {
     "failed or slow ones than the stable's rate makes this likely (0: no comparison).",
     "breaker.slow_ms": "A canary call slower than this counts as bad (0: three times the "
     "stable's p95, at least 250 ms).",
+    "breaker.mirror_clean": "After a canary call fails, the canary's clients are answered by "
+    "the stable and their calls mirrored to the canary until it answers this many (0: off).",
 }
 
 

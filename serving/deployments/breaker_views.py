@@ -36,7 +36,7 @@ SEVERITY = (OPEN, HALF_OPEN, CLOSED)
 BADGE = {CLOSED: "ok", HALF_OPEN: "warn", OPEN: "bad"}
 LABEL = {CLOSED: "closed", HALF_OPEN: "half open", OPEN: "open"}
 GROUP_ORDER = ("stable", "canary")
-COUNTERS = ("failures", "trips", "turned_away")
+COUNTERS = ("failures", "trips", "turned_away", "mirrored")
 
 
 def _number(value: Any) -> float | None:

@@ -5,7 +5,6 @@ rate; and the router wiring it to its stable on every reconfigure."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from serving.dataplane.breaker import (
     CircuitBreaker,
     binomial_tail,
 )
+from tests.dataplane.canary_router import StandInCanary, canary_router
 
 
 class Clock:
@@ -177,54 +177,10 @@ def test_the_canarys_start_and_warm_up_are_not_slow() -> None:
     assert canary.state == OPEN
 
 
-class _Failing:
-    """The canary's handle while Serve brings its application up: every call fails at once."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.complete = self.generate = self
-
-    def options(self, **_: Any) -> _Failing:
-        return self
-
-    def remote(self, payload: dict[str, Any]) -> _Failing:
-        self.calls += 1
-        return self
-
-    def __await__(self) -> Any:
-        async def fail() -> Any:
-            raise RuntimeError("deployment bench.chat.canary is unavailable")
-
-        return fail().__await__()
-
-
 def test_a_canary_that_never_answered_yet_hands_its_calls_to_the_stable(tmp_path: Path) -> None:
-    from serving.dataplane.app import Router
-    from serving.dataplane.keys import hash_key
-    from serving.engine.testing import write_tiny_checkpoint
+    canary = StandInCanary()
 
-    router = Router.func_or_class(local={"app": "acme.chat", "engine": {"num_blocks": 16}})
-    local = {"version": "v1", "artifact": str(write_tiny_checkpoint(tmp_path / "tiny")),
-             "tenants": {"7": {"salt": "ab" * 32}}}  # fmt: skip
-    groups = {"stable": {"app": "acme.chat", "version": "v1", "local": True},
-              "canary": {"app": "acme.chat.canary", "version": "v2"}}  # fmt: skip
-    config = {"tenant": "7", "deployment": "chat", "key_hashes": [hash_key("k")],
-              "groups": groups, "local": local, "canary_percent": 100}  # fmt: skip
-    canary = _Failing()
-
-    async def post() -> Any:
-        from starlette.requests import Request
-
-        body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
-
-        async def receive() -> dict[str, Any]:
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "root_path": "",
-                 "headers": [(b"authorization", b"Bearer k")], "query_string": b""}  # fmt: skip
-        return await router(Request(scope, receive))
-
-    async def scenario() -> None:
+    async def scenario(router: Any, post: Any, config: dict[str, Any]) -> None:
         router.handles["canary"] = ("acme.chat.canary", canary)  # reconfigure keeps it
         await router.reconfigure(config)
         breaker = router._breaker("canary")
@@ -245,8 +201,5 @@ def test_a_canary_that_never_answered_yet_hands_its_calls_to_the_stable(tmp_path
         assert response.status_code == 502 and response.headers["x-ab-group"] == "canary"
         assert breaker.failures == 2
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        router.local.chaos.close()
-        router.local.engine.stop()
+    with canary_router(tmp_path) as (router, post, config):
+        asyncio.run(scenario(router, post, config))

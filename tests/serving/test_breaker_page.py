@@ -69,7 +69,7 @@ def test_live_breakers_per_slot_from_the_routers_snapshots(
     closed = CircuitBreaker().snapshot()
     tripped = _tripped()
     assert tripped["state"] == "open"
-    half_open = {**closed, "state": "half_open", "trips": 2, "failure_rate": 0.75}
+    half_open = {**closed, "state": "half_open", "trips": 2, "failure_rate": 0.75, "mirrored": 4}
     _publish(deployment, "router-a", {"stable": closed, "canary": tripped}, now)
     _publish(deployment, "router-b", {"stable": closed, "canary": half_open}, now - 1)
     _publish(deployment, "router-gone", {"stable": {**closed, "state": "open"}}, now - 60)
@@ -81,8 +81,9 @@ def test_live_breakers_per_slot_from_the_routers_snapshots(
     # The stale replica's open breaker does not count; the canary shows its worst fresh state.
     assert arms == [("stable", "closed"), ("canary", "open")]
     canary = html.split('data-group="canary"')[1]
-    # Summed over the fresh replicas: the tripped one's 3 failures and 1 trip, the other's 2.
-    assert "3 failures · 3 trips · 0 turned away · 2 of 2 replicas fresh" in canary
+    # Summed over the fresh replicas: the tripped one's 3 failures and 1 trip, the other's 2
+    # (and the calls it mirrored while its canary was suspect).
+    assert "3 failures · 3 trips · 0 turned away · 4 mirrored · 2 of 2 replicas fresh" in canary
     assert "half open" in canary and "75%" in canary
     assert html.count('<span class="badge stale">stale</span>') == 1
     live = client.get(_url(world_a, deployment, "serving-deployment-breaker-live"))

@@ -44,6 +44,7 @@ BREAKER_LIMITS = {
     "half_open_probes": (1, 1000),
     "canary_alpha": (0, 0.5),
     "slow_ms": (0, 600_000),
+    "mirror_clean": (0, 1000),
 }
 # The chaos-drill fault catalogue lives with the replicas that apply it (Django-free).
 FAULT_KEYS = faults_catalogue.FAULT_KEYS

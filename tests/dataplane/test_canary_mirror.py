@@ -1,0 +1,146 @@
+"""A suspect canary (serving.dataplane.mirror): after one failed canary call its clients are
+answered by the stable while copies of their calls go to the canary; the copies' outcomes
+decide, through the canary's breaker, whether the clients come back or the breaker opens."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from serving.dataplane.breaker import CLOSED, OPEN, BreakerConfig, CanaryBreaker, CircuitBreaker
+from serving.dataplane.mirror import MIRRORS_IN_FLIGHT
+from tests.dataplane.canary_router import StandInCanary, canary_router
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _pair(**config: float) -> tuple[Clock, CircuitBreaker, CanaryBreaker]:
+    clock, settings = Clock(), BreakerConfig.from_dict(config)
+    stable = CircuitBreaker(settings, clock)
+    return clock, stable, CanaryBreaker(settings, clock, baseline=stable, share=0.2)
+
+
+def test_one_failure_makes_the_canary_suspect_until_it_answers_mirror_clean_calls() -> None:
+    clock, stable, canary = _pair()
+    for _ in range(40):  # past its warm-up, beside a clean stable
+        clock.now += 0.05
+        stable.record(True, 0.01)
+        canary.record(True, 0.01)
+    assert not canary.suspect()
+    canary.record(False)
+    assert canary.suspect() and canary.state == CLOSED  # one failure: suspect, not open
+    clock.now += 10.0
+    canary.record(True, 5.0)  # a slow answer is not a clean one
+    for _ in range(4):
+        canary.record(True, 0.01)
+    assert canary.suspect()
+    canary.record(True, 0.01)
+    assert not canary.suspect() and canary.snapshot()["suspect"] is False
+    # Failures close together open it: an open canary is not "suspect", it is left.
+    for _ in range(3):
+        canary.record(False)
+    assert canary.state == OPEN and not canary.suspect()
+
+
+def test_no_mirroring_at_mirror_clean_zero_beside_a_flaky_or_an_open_stable() -> None:
+    _, _, off = _pair(mirror_clean=0)
+    off.record(False)
+    assert not off.suspect()
+    clock, flaky, canary = _pair()
+    for i in range(100):  # a stable failing 1 call in 10: one canary failure is no news
+        clock.now += 0.05
+        flaky.record(i % 10 != 0, 0.01)
+    canary.record(False)
+    assert not canary.suspect() and canary.state == CLOSED
+    _, stable, canary = _pair()
+    canary.record(False)
+    stable.state = OPEN
+    assert not canary.suspect()  # the stable is no better place for its clients
+
+
+async def _ready(router: Any, canary: StandInCanary, config: dict[str, Any]) -> CanaryBreaker:
+    router.handles["canary"] = ("acme.chat.canary", canary)  # reconfigure keeps it
+    await router.reconfigure(config)
+    breaker = router._breaker("canary")
+    assert isinstance(breaker, CanaryBreaker)
+    breaker.first_answer_at, breaker.answers = 0.0, 100  # it has answered, warm
+    for _ in range(50):  # beside a stable with a clean history
+        breaker.baseline.record(True, 0.01)
+    return breaker
+
+
+async def _settle(router: Any) -> None:
+    while router.mirrors.tasks:
+        await asyncio.gather(*list(router.mirrors.tasks))
+
+
+def test_a_failing_canarys_clients_leave_at_its_first_failure(tmp_path: Path) -> None:
+    canary = StandInCanary(fail=True)
+
+    async def scenario(router: Any, post: Any, config: dict[str, Any]) -> None:
+        breaker = await _ready(router, canary, config)
+        response = await post()  # the fault's onset: the client sees the canary fail
+        assert response.status_code == 502 and response.headers["x-ab-group"] == "canary"
+        assert breaker.suspect()
+        groups = []
+        while breaker.state == CLOSED and len(groups) < 10:
+            response = await post()
+            groups.append((response.status_code, response.headers["x-ab-group"]))
+            await _settle(router)
+        # Every later client got the stable's answer; the canary got each call's copy, whose
+        # failures opened its breaker (the portal rolls it back on what the health tick sees).
+        assert groups == [(200, "stable")] * len(groups)
+        assert canary.calls == 1 + breaker.mirrored == 1 + len(groups)
+        assert breaker.state == OPEN and breaker.failures == canary.calls and breaker.trips == 1
+        assert router.stats()["breakers"]["canary"]["mirrored"] == breaker.mirrored
+
+    with canary_router(tmp_path) as (router, post, config):
+        asyncio.run(scenario(router, post, config))
+
+
+def test_a_clean_canary_gets_its_clients_back_after_its_mirrors_answer(tmp_path: Path) -> None:
+    canary = StandInCanary(fail=False)
+
+    async def scenario(router: Any, post: Any, config: dict[str, Any]) -> None:
+        breaker = await _ready(router, canary, config)
+        breaker.record(False)  # a rare failure of a clean canary
+        assert breaker.suspect()
+        groups = []
+        for _ in range(7):
+            response = await post()
+            groups.append(response.headers["x-ab-group"])
+            await _settle(router)
+        assert groups == ["stable"] * 5 + ["canary"] * 2  # mirror_clean = 5 (the default)
+        assert breaker.state == CLOSED and breaker.mirrored == 5 and canary.calls == 7
+
+    with canary_router(tmp_path) as (router, post, config):
+        asyncio.run(scenario(router, post, config))
+
+
+def test_mirrors_in_flight_are_bounded_per_router(tmp_path: Path) -> None:
+    """A canary that hangs holds at most MIRRORS_IN_FLIGHT copies; the clients are answered."""
+    canary = StandInCanary(fail=False)
+
+    async def scenario(router: Any, post: Any, config: dict[str, Any]) -> None:
+        breaker = await _ready(router, canary, config)
+        canary.release = asyncio.Event()
+        breaker.record(False)
+        responses = [await post() for _ in range(MIRRORS_IN_FLIGHT + 6)]
+        assert {r.status_code for r in responses} == {200}
+        assert {r.headers["x-ab-group"] for r in responses} == {"stable"}
+        await asyncio.sleep(0)
+        assert canary.most_in_flight == MIRRORS_IN_FLIGHT == len(router.mirrors.tasks)
+        assert breaker.mirrored == MIRRORS_IN_FLIGHT + 6
+        canary.release.set()
+        await _settle(router)
+        assert canary.calls == MIRRORS_IN_FLIGHT and canary.in_flight == 0
+
+    with canary_router(tmp_path) as (router, post, config):
+        asyncio.run(scenario(router, post, config))

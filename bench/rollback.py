@@ -21,10 +21,13 @@ requests, the canary comparison off): the canary keeps answering until the porta
 which is what "switch" measures. `--breaker on` leaves the deployment's default breaker, which
 holds the canary against its stable (serving.dataplane.breaker.CanaryBreaker): "shield" then
 measures the breaker, "landed" the durable rollback the turned-away requests still trigger.
-`both` (the default) runs off, then on, each with its own Ray head.
+`--breaker nomirror` is the default breaker without mirroring (`mirror_clean` 0: a failed
+canary call changes nothing until the breaker opens), the breaker before the canary's clients
+left it at its first failure (serving.dataplane.mirror). `both` (the default) runs off, then on;
+a comma list (`nomirror,on`) runs each in turn, each with its own Ray head.
 
     python -m bench rollback [--quick] [--runs 20] [--mode both|external|embedded]
-        [--breaker both|off|on] [--clients 2] [--tick 2] [--json PATH]
+        [--breaker both|off|on|nomirror|LIST] [--clients 2] [--tick 2] [--json PATH]
 
 Modes: `external` runs on the PostgreSQL and Redis of DATABASE_URL / REDIS_URL (the servers a
 deployment of the portal is given); `embedded` on the portal's own embedded PostgreSQL 18 and
@@ -72,6 +75,12 @@ from tests.support import contracts  # noqa: E402
 TARGET_DETECT_P95_S, TARGET_SWITCH_P95_S = 10.0, 1.0
 TARGET_SHIELD_P95_S, TARGET_LANDED_P95_S = 0.5, 3.0
 BREAKER_OFF = {"failure_rate": 1.0, "min_requests": 100000, "canary_alpha": 0}
+# --breaker: the deployment's breaker settings
+BREAKERS: dict[str, dict[str, Any]] = {
+    "off": BREAKER_OFF,
+    "on": {},
+    "nomirror": {"mirror_clean": 0},
+}
 
 
 def one_run(ctx: dict[str, Any], index: int) -> dict[str, Any]:
@@ -168,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="--runs 1, embedded mode")
     parser.add_argument("--mode", choices=("both", "external", "embedded"), default=None)
-    parser.add_argument("--breaker", choices=("both", "off", "on"), default=None)
+    parser.add_argument("--breaker", default=None, help="both, off, on, nomirror or a list")
     parser.add_argument("--clients", type=int, default=2, help="client threads")
     parser.add_argument("--tick", type=float, default=2.0, help="health tick interval (s)")
     parser.add_argument("--label", default="external", help=argparse.SUPPRESS)
@@ -178,15 +187,16 @@ def main(argv: list[str] | None = None) -> int:
         args.runs = 1
     mode = args.mode or ("embedded" if args.quick else "both")
     breaker = args.breaker or ("on" if args.quick else "both")
-    wanted = ["off", "on"] if breaker == "both" else [breaker]
+    wanted = ["off", "on"] if breaker == "both" else breaker.split(",")
+    unknown = sorted(set(wanted) - set(BREAKERS))
+    if unknown:
+        parser.error(f"--breaker: unknown setting {unknown[0]!r} (off, on, nomirror, both)")
     results: dict[str, dict[str, Any]] = {}
     for setting in wanted:
         suffix = "" if len(wanted) == 1 else f", breaker {setting}"
         if mode in ("external", "both"):
             label = args.label + suffix
-            results[label] = measure(
-                args.runs, args.quick, label, setting == "on", args.clients, args.tick
-            )
+            results[label] = measure(args.runs, args.quick, label, setting, args.clients, args.tick)
         if mode in ("embedded", "both"):
             results["embedded" + suffix] = in_embedded(
                 args.runs, args.quick, args.output, setting, args.clients, args.tick
@@ -253,7 +263,7 @@ def side_by_side(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def measure(
-    runs_wanted: int, quick: bool, label: str, breaker_on: bool, threads: int, tick: float
+    runs_wanted: int, quick: bool, label: str, breaker: str, threads: int, tick: float
 ) -> dict[str, Any]:
     """The runs on this process's DATABASE_URL and REDIS_URL; their summary."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -288,7 +298,7 @@ def measure(
             tenant=world.tenant, actor=actor, name="chat", version_id=versions[0].pk,
             # Off, the router's breaker leaves the canary to the portal: the last canary answer
             # a client sees marks the rollback's switch. On: the default breaker.
-            settings={"num_cpus": 0.25, "breaker": {} if breaker_on else BREAKER_OFF},
+            settings={"num_cpus": 0.25, "breaker": BREAKERS[breaker]},
         )  # fmt: skip
         contract_set(
             tenant=world.tenant, actor=actor, deployment=deployment,
@@ -336,7 +346,7 @@ def measure(
         "mode": label,
         "services": _services(),
         "environment": environment("ray", "celery"),
-        "breaker": "on" if breaker_on else "off",
+        "breaker": breaker,
         "client_threads": threads,
         "requests_per_s": clients.rate(),
         "runs": runs,
@@ -348,7 +358,7 @@ def measure(
             "p50": round(float(median(values)), 3),
             "p95": round(percentile(values, 0.95), 3),
         }
-    if breaker_on:
+    if breaker != "off":
         summary["ok"] = (
             summary["shield_s"]["p95"] <= TARGET_SHIELD_P95_S
             and summary["landed_s"]["p95"] <= TARGET_LANDED_P95_S

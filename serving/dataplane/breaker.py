@@ -11,7 +11,7 @@ is not (tests/dataplane/test_breaker.py, bench/rollback.py).
 
 A canary call that fails makes the canary suspect (`CanaryBreaker.suspect`): the router answers
 its clients from the stable and mirrors their calls to the canary (serving.dataplane.mirror)
-until it answers `mirror_clean` of them in a row, or the mirrors' failures open it."""
+until it has answered `mirror_clean` of them per failure, or the mirrors' failures open it."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class BreakerConfig:
     slow_ms: float = 0.0
     # After a failed canary call: clean mirrored calls in a row before its clients come back
     # (0: no mirroring, a failed call changes nothing until the breaker opens).
-    mirror_clean: int = 5
+    mirror_clean: int = 10
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> BreakerConfig:
@@ -59,6 +59,7 @@ STARTUP_GRACE_S = 30.0
 # is below this: beside a flaky stable one failure is no news, and its clients would be gone
 # more often than not.
 SUSPECT_BELOW = 0.05
+OWED_CAP = 10  # at most this many times `mirror_clean` clean calls owed
 
 
 class CircuitBreaker:
@@ -198,7 +199,7 @@ class CanaryBreaker(CircuitBreaker):
         self.first_answer_at: float | None = None
         self.first_failure_at: float | None = None  # the first call it failed before answering
         self.answers = 0
-        self.clean_owed = 0  # clean calls in a row it owes since its last failure (suspect)
+        self.clean_owed = 0  # clean calls it owes for its failures (suspect while any)
         self.mirrored = 0  # cumulative: client calls the stable answered while it was suspect
 
     def starting(self) -> bool:
@@ -213,8 +214,8 @@ class CanaryBreaker(CircuitBreaker):
         return now - self.first_failure_at < STARTUP_GRACE_S
 
     def suspect(self) -> bool:
-        """A call failed and the canary has not answered `mirror_clean` in a row since: its
-        clients go to the stable (while that one is closed), their calls are mirrored here."""
+        """It owes clean calls for its failures (`mirror_clean` each): its clients go to the
+        stable (while that one is closed), their calls are mirrored here."""
         return self.clean_owed > 0 and self.state == CLOSED and self.baseline.state == CLOSED
 
     def min_requests(self) -> int:
@@ -250,7 +251,11 @@ class CanaryBreaker(CircuitBreaker):
             if self.clean_owed and not self._bad_now(ok, seconds):
                 self.clean_owed -= 1
         elif self._against(self.clock())[1] < SUSPECT_BELOW:
-            self.clean_owed = self.config.mirror_clean
+            # Each failure adds `mirror_clean` clean calls owed: a canary failing more than
+            # one call in mirror_clean + 1 keeps its clients away until its rollback, and one
+            # failing 30% answers 10 in a row (and gets them back) in 3% of its faults.
+            owed = self.clean_owed + self.config.mirror_clean
+            self.clean_owed = min(owed, OWED_CAP * self.config.mirror_clean)
         super().record(ok, seconds)
 
     def _open(self, now: float) -> None:

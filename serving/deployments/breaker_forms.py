@@ -36,7 +36,8 @@ HELP = {
     "breaker.slow_ms": "A canary call slower than this counts as bad (0: three times the "
     "stable's p95, at least 250 ms).",
     "breaker.mirror_clean": "After a canary call fails, the canary's clients are answered by "
-    "the stable and their calls mirrored to the canary until it answers this many (0: off).",
+    "the stable and their calls mirrored to the canary until it answers this many for each "
+    "failure (0: off).",
 }
 
 

@@ -8,9 +8,18 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from serving.dataplane.breaker import CLOSED, OPEN, BreakerConfig, CanaryBreaker, CircuitBreaker
+from serving.dataplane.breaker import (
+    CLOSED,
+    OPEN,
+    OWED_CAP,
+    BreakerConfig,
+    CanaryBreaker,
+    CircuitBreaker,
+)
 from serving.dataplane.mirror import MIRRORS_IN_FLIGHT
 from tests.dataplane.canary_router import StandInCanary, canary_router
+
+K = BreakerConfig().mirror_clean  # clean calls owed per failure
 
 
 class Clock:
@@ -38,11 +47,18 @@ def test_one_failure_makes_the_canary_suspect_until_it_answers_mirror_clean_call
     assert canary.suspect() and canary.state == CLOSED  # one failure: suspect, not open
     clock.now += 10.0
     canary.record(True, 5.0)  # a slow answer is not a clean one
-    for _ in range(4):
+    for _ in range(K - 1):
         canary.record(True, 0.01)
     assert canary.suspect()
     canary.record(True, 0.01)
     assert not canary.suspect() and canary.snapshot()["suspect"] is False
+    # Each failure adds mirror_clean owed calls: failing 1 call in 3 keeps it suspect.
+    for i in range(60):
+        canary.record(i % 3 != 0, 0.01)
+    assert canary.suspect() and OWED_CAP * K - 3 < canary.clean_owed <= OWED_CAP * K  # capped
+    assert canary.state == CLOSED
+    while canary.suspect():
+        canary.record(True, 0.01)
     # Failures close together open it: an open canary is not "suspect", it is left.
     for _ in range(3):
         canary.record(False)
@@ -113,12 +129,12 @@ def test_a_clean_canary_gets_its_clients_back_after_its_mirrors_answer(tmp_path:
         breaker.record(False)  # a rare failure of a clean canary
         assert breaker.suspect()
         groups = []
-        for _ in range(7):
+        for _ in range(K + 2):
             response = await post()
             groups.append(response.headers["x-ab-group"])
             await _settle(router)
-        assert groups == ["stable"] * 5 + ["canary"] * 2  # mirror_clean = 5 (the default)
-        assert breaker.state == CLOSED and breaker.mirrored == 5 and canary.calls == 7
+        assert groups == ["stable"] * K + ["canary"] * 2
+        assert breaker.state == CLOSED and breaker.mirrored == K and canary.calls == K + 2
 
     with canary_router(tmp_path) as (router, post, config):
         asyncio.run(scenario(router, post, config))

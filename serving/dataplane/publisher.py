@@ -8,12 +8,15 @@ import contextlib
 import itertools
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ray import serve
 
 logger = logging.getLogger("ray.serve")
+# A publish asked for early (`Publisher.soon`) comes at least this long after the last one.
+SOON_S = 0.25
 
 
 _LOCAL_IDS = itertools.count(1)
@@ -51,6 +54,7 @@ class Publisher:
         self.prefix = "portal"
         self._redis: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._soon: asyncio.Event | None = None
 
     def configure(self, telemetry: dict[str, Any]) -> None:
         url = telemetry.get("redis_url") or None
@@ -59,6 +63,12 @@ class Publisher:
         self.prefix = telemetry.get("prefix", "portal")
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    def soon(self) -> None:
+        """Publish within SOON_S instead of at the next second (a version's failed request:
+        the health tick sees a fault's first errors sooner). At most 1/SOON_S a second."""
+        if self._soon is not None:
+            self._soon.set()
 
     def stop(self) -> None:
         """No more publishes (the replica is stopping); a snapshot on its way may still land."""
@@ -69,9 +79,23 @@ class Publisher:
                 task.cancel()
         self.redis_url = None
 
+    @staticmethod
+    async def _wait(soon: asyncio.Event, last: float) -> None:
+        """A second after the last publish, or SOON_S after it once `soon` was called."""
+        try:
+            await asyncio.wait_for(soon.wait(), timeout=max(0.0, last + 1.0 - time.monotonic()))
+        except TimeoutError:
+            pass
+        else:
+            await asyncio.sleep(max(0.0, last + SOON_S - time.monotonic()))
+        soon.clear()
+
     async def _loop(self) -> None:
+        self._soon = soon = asyncio.Event()  # this loop's
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(1.0)
+            await self._wait(soon, last)
+            last = time.monotonic()
             snapshot = self.snapshot()
             if not self.redis_url:
                 continue

@@ -265,16 +265,19 @@ class VersionCore(WeightLoading):
             # Every request counts once: a refusal (4xx: the client's; 5xx: ours), a failure
             # before or after the first token, a cancellation, or a completion.
             gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+            clients = cancelled or (refused is not None and refused.status < 500)
             self.recorder.record(
                 queued_s=queued,
                 latency_s=time.time() - started,
                 ok=ok,
-                client_error=cancelled or (refused is not None and refused.status < 500),
+                client_error=clients,
                 ttft_s=(first_at - started) if first_at else None,
                 itl_s=gaps,
                 tokens_in=len(prompt_ids),
                 tokens_out=len(out_ids),
             )
+            if not ok and not clients:  # the version's failure: the health tick sees it sooner
+                self.publisher.soon()
             tracing.version_spans(
                 request,
                 self._span_attributes(tenant, len(prompt_ids), len(out_ids)),

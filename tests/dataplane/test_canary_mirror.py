@@ -160,3 +160,29 @@ def test_mirrors_in_flight_are_bounded_per_router(tmp_path: Path) -> None:
 
     with canary_router(tmp_path) as (router, post, config):
         asyncio.run(scenario(router, post, config))
+
+
+def test_a_versions_failure_is_published_within_soon_s_not_at_the_next_second() -> None:
+    """The health tick reads the replicas' windows from Redis: a failure asks for a publish
+    SOON_S after the last one instead of a second after it (at most 1/SOON_S a second)."""
+    from serving.dataplane.publisher import SOON_S, Publisher
+
+    async def scenario() -> list[float]:
+        times: list[float] = []
+
+        async def write(client: Any, prefix: str, snapshot: dict[str, Any]) -> None:
+            times.append(loop.time())
+
+        loop = asyncio.get_running_loop()
+        publisher = Publisher(dict, write)
+        publisher.configure({"redis_url": "redis://127.0.0.1:1/0"})  # never connected
+        started = loop.time()
+        await asyncio.sleep(0.05)
+        for _ in range(20):  # a burst of failures: one early publish
+            publisher.soon()
+        await asyncio.sleep(0.8)  # before the regular publish (1 s) would have come
+        publisher.stop()
+        return [t - started for t in times]
+
+    times = asyncio.run(scenario())
+    assert len(times) == 1 and SOON_S - 0.01 <= times[0] < 0.85, times

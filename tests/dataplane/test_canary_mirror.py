@@ -92,6 +92,16 @@ async def _ready(router: Any, canary: StandInCanary, config: dict[str, Any]) -> 
     return breaker
 
 
+def _run(tmp_path: Path, canary: StandInCanary, scenario: Any) -> None:
+    """scenario(router, post, the canary's breaker) on a router whose canary has answered."""
+
+    async def main(router: Any, post: Any, config: dict[str, Any]) -> None:
+        await scenario(router, post, await _ready(router, canary, config))
+
+    with canary_router(tmp_path) as (router, post, config):
+        asyncio.run(main(router, post, config))
+
+
 async def _settle(router: Any) -> None:
     while router.mirrors.tasks:
         await asyncio.gather(*list(router.mirrors.tasks))
@@ -100,8 +110,7 @@ async def _settle(router: Any) -> None:
 def test_a_failing_canarys_clients_leave_at_its_first_failure(tmp_path: Path) -> None:
     canary = StandInCanary(fail=True)
 
-    async def scenario(router: Any, post: Any, config: dict[str, Any]) -> None:
-        breaker = await _ready(router, canary, config)
+    async def scenario(router: Any, post: Any, breaker: CanaryBreaker) -> None:
         response = await post()  # the fault's onset: the client sees the canary fail
         assert response.status_code == 502 and response.headers["x-ab-group"] == "canary"
         assert breaker.suspect()
@@ -117,15 +126,13 @@ def test_a_failing_canarys_clients_leave_at_its_first_failure(tmp_path: Path) ->
         assert breaker.state == OPEN and breaker.failures == canary.calls and breaker.trips == 1
         assert router.stats()["breakers"]["canary"]["mirrored"] == breaker.mirrored
 
-    with canary_router(tmp_path) as (router, post, config):
-        asyncio.run(scenario(router, post, config))
+    _run(tmp_path, canary, scenario)
 
 
 def test_a_clean_canary_gets_its_clients_back_after_its_mirrors_answer(tmp_path: Path) -> None:
     canary = StandInCanary(fail=False)
 
-    async def scenario(router: Any, post: Any, config: dict[str, Any]) -> None:
-        breaker = await _ready(router, canary, config)
+    async def scenario(router: Any, post: Any, breaker: CanaryBreaker) -> None:
         breaker.record(False)  # a rare failure of a clean canary
         assert breaker.suspect()
         groups = []
@@ -136,16 +143,14 @@ def test_a_clean_canary_gets_its_clients_back_after_its_mirrors_answer(tmp_path:
         assert groups == ["stable"] * K + ["canary"] * 2
         assert breaker.state == CLOSED and breaker.mirrored == K and canary.calls == K + 2
 
-    with canary_router(tmp_path) as (router, post, config):
-        asyncio.run(scenario(router, post, config))
+    _run(tmp_path, canary, scenario)
 
 
 def test_mirrors_in_flight_are_bounded_per_router(tmp_path: Path) -> None:
     """A canary that hangs holds at most MIRRORS_IN_FLIGHT copies; the clients are answered."""
     canary = StandInCanary(fail=False)
 
-    async def scenario(router: Any, post: Any, config: dict[str, Any]) -> None:
-        breaker = await _ready(router, canary, config)
+    async def scenario(router: Any, post: Any, breaker: CanaryBreaker) -> None:
         canary.release = asyncio.Event()
         breaker.record(False)
         responses = [await post() for _ in range(MIRRORS_IN_FLIGHT + 6)]
@@ -158,8 +163,7 @@ def test_mirrors_in_flight_are_bounded_per_router(tmp_path: Path) -> None:
         await _settle(router)
         assert canary.calls == MIRRORS_IN_FLIGHT and canary.in_flight == 0
 
-    with canary_router(tmp_path) as (router, post, config):
-        asyncio.run(scenario(router, post, config))
+    _run(tmp_path, canary, scenario)
 
 
 def test_a_versions_failure_is_published_within_soon_s_not_at_the_next_second() -> None:

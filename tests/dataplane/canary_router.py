@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from serving.dataplane.breaker import CanaryBreaker
+
 
 class StandInCanary:
     """The canary's handle: each call fails (`fail`), answers, or waits on `release`."""
@@ -72,3 +74,32 @@ def canary_router(tmp_path: Path, **breaker: Any) -> Iterator[tuple[Any, Any, di
     finally:
         router.local.chaos.close()
         router.local.engine.stop()
+
+
+async def ready(router: Any, canary: StandInCanary, config: dict[str, Any]) -> CanaryBreaker:
+    """The router configured with `canary` as its canary, which has answered and warmed up
+    beside a stable with a clean history; the canary's breaker."""
+    router.handles["canary"] = ("acme.chat.canary", canary)  # reconfigure keeps it
+    await router.reconfigure(config)
+    breaker = router._breaker("canary")
+    assert isinstance(breaker, CanaryBreaker)
+    breaker.first_answer_at, breaker.answers = 0.0, 100  # it has answered, warm
+    for _ in range(50):  # beside a stable with a clean history
+        breaker.baseline.record(True, 0.01)
+    return breaker
+
+
+def run_ready(tmp_path: Path, canary: StandInCanary, scenario: Any) -> None:
+    """scenario(router, post, the canary's breaker) on a router whose canary has answered."""
+
+    async def main(router: Any, post: Any, config: dict[str, Any]) -> None:
+        await scenario(router, post, await ready(router, canary, config))
+
+    with canary_router(tmp_path) as (router, post, config):
+        asyncio.run(main(router, post, config))
+
+
+async def settle(router: Any) -> None:
+    """Until the router's mirrored calls are all done."""
+    while router.mirrors.tasks:
+        await asyncio.gather(*list(router.mirrors.tasks))

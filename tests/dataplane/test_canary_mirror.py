@@ -16,8 +16,7 @@ from serving.dataplane.breaker import (
     CanaryBreaker,
     CircuitBreaker,
 )
-from serving.dataplane.mirror import MIRRORS_IN_FLIGHT
-from tests.dataplane.canary_router import StandInCanary, canary_router
+from tests.dataplane.canary_router import StandInCanary, run_ready, settle
 
 K = BreakerConfig().mirror_clean  # clean calls owed per failure
 
@@ -81,32 +80,6 @@ def test_no_mirroring_at_mirror_clean_zero_beside_a_flaky_or_an_open_stable() ->
     assert not canary.suspect()  # the stable is no better place for its clients
 
 
-async def _ready(router: Any, canary: StandInCanary, config: dict[str, Any]) -> CanaryBreaker:
-    router.handles["canary"] = ("acme.chat.canary", canary)  # reconfigure keeps it
-    await router.reconfigure(config)
-    breaker = router._breaker("canary")
-    assert isinstance(breaker, CanaryBreaker)
-    breaker.first_answer_at, breaker.answers = 0.0, 100  # it has answered, warm
-    for _ in range(50):  # beside a stable with a clean history
-        breaker.baseline.record(True, 0.01)
-    return breaker
-
-
-def _run(tmp_path: Path, canary: StandInCanary, scenario: Any) -> None:
-    """scenario(router, post, the canary's breaker) on a router whose canary has answered."""
-
-    async def main(router: Any, post: Any, config: dict[str, Any]) -> None:
-        await scenario(router, post, await _ready(router, canary, config))
-
-    with canary_router(tmp_path) as (router, post, config):
-        asyncio.run(main(router, post, config))
-
-
-async def _settle(router: Any) -> None:
-    while router.mirrors.tasks:
-        await asyncio.gather(*list(router.mirrors.tasks))
-
-
 def test_a_failing_canarys_clients_leave_at_its_first_failure(tmp_path: Path) -> None:
     canary = StandInCanary(fail=True)
 
@@ -118,7 +91,7 @@ def test_a_failing_canarys_clients_leave_at_its_first_failure(tmp_path: Path) ->
         while breaker.state == CLOSED and len(groups) < 10:
             response = await post()
             groups.append((response.status_code, response.headers["x-ab-group"]))
-            await _settle(router)
+            await settle(router)
         # Every later client got the stable's answer; the canary got each call's copy, whose
         # failures opened its breaker (the portal rolls it back on what the health tick sees).
         assert groups == [(200, "stable")] * len(groups)
@@ -126,7 +99,7 @@ def test_a_failing_canarys_clients_leave_at_its_first_failure(tmp_path: Path) ->
         assert breaker.state == OPEN and breaker.failures == canary.calls and breaker.trips == 1
         assert router.stats()["breakers"]["canary"]["mirrored"] == breaker.mirrored
 
-    _run(tmp_path, canary, scenario)
+    run_ready(tmp_path, canary, scenario)
 
 
 def test_a_clean_canary_gets_its_clients_back_after_its_mirrors_answer(tmp_path: Path) -> None:
@@ -139,31 +112,11 @@ def test_a_clean_canary_gets_its_clients_back_after_its_mirrors_answer(tmp_path:
         for _ in range(K + 2):
             response = await post()
             groups.append(response.headers["x-ab-group"])
-            await _settle(router)
+            await settle(router)
         assert groups == ["stable"] * K + ["canary"] * 2
         assert breaker.state == CLOSED and breaker.mirrored == K and canary.calls == K + 2
 
-    _run(tmp_path, canary, scenario)
-
-
-def test_mirrors_in_flight_are_bounded_per_router(tmp_path: Path) -> None:
-    """A canary that hangs holds at most MIRRORS_IN_FLIGHT copies; the clients are answered."""
-    canary = StandInCanary(fail=False)
-
-    async def scenario(router: Any, post: Any, breaker: CanaryBreaker) -> None:
-        canary.release = asyncio.Event()
-        breaker.record(False)
-        responses = [await post() for _ in range(MIRRORS_IN_FLIGHT + 6)]
-        assert {r.status_code for r in responses} == {200}
-        assert {r.headers["x-ab-group"] for r in responses} == {"stable"}
-        await asyncio.sleep(0)
-        assert canary.most_in_flight == MIRRORS_IN_FLIGHT == len(router.mirrors.tasks)
-        assert breaker.mirrored == MIRRORS_IN_FLIGHT + 6
-        canary.release.set()
-        await _settle(router)
-        assert canary.calls == MIRRORS_IN_FLIGHT and canary.in_flight == 0
-
-    _run(tmp_path, canary, scenario)
+    run_ready(tmp_path, canary, scenario)
 
 
 def test_a_versions_failure_is_published_within_soon_s_not_at_the_next_second() -> None:

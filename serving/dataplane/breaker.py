@@ -37,8 +37,8 @@ class BreakerConfig:
     # slow call is (0: more than SLOW_FACTOR x the stable's p95 in the window, >= SLOW_FLOOR_MS).
     canary_alpha: float = 0.001
     slow_ms: float = 0.0
-    # After a failed canary call: clean mirrored calls in a row before its clients come back
-    # (0: no mirroring, a failed call changes nothing until the breaker opens).
+    # Clean calls a canary owes for each failed call before its clients come back from the
+    # stable, their calls mirrored to it meanwhile (0: no mirroring; serving.dataplane.mirror).
     mirror_clean: int = 10
 
     @classmethod

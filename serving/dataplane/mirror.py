@@ -8,9 +8,9 @@ canary as well, in the background (traffic mirroring, as Istio and Argo Rollouts
 routes do). A mirrored call's answer goes nowhere but to the canary's breaker: the canary's
 replicas still serve (and count in their SLIs) its share of the traffic, the health tick
 still sees its failures, and the breaker decides by the same test on the mirrors' evidence.
-The clients come back once the canary answers `mirror_clean` mirrored calls (a clean
-canary's rare failure costs its clients nothing); the mirrors' failures open the breaker and
-the portal rolls the canary back.
+The clients come back once the canary has answered `mirror_clean` mirrored calls for each of
+its failures (a clean canary's rare failure costs its clients nothing); a failing canary's
+copies keep it suspect, open its breaker, and the portal rolls it back.
 
 The cost is bounded: at most MIRRORS_IN_FLIGHT mirrored calls per router replica at once, and
 in a shared pool a mirror takes one of the tenant's pool slots only when one is free (past

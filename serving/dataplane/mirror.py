@@ -59,7 +59,9 @@ class Mirrors:
     async def _mirror(
         self, breaker: CanaryBreaker, payload: dict[str, Any], gate: asyncio.Semaphore | None
     ) -> None:
-        slot = await PoolSlot.take(gate)
+        if gate is not None and gate.locked():
+            return  # the client's own call took the tenant's last free slot: no copy, no queue
+        slot = await PoolSlot.take(gate)  # free: taken at once
         started = time.monotonic()
         try:
             await self.router._execute("canary", dict(payload), False)

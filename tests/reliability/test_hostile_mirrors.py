@@ -50,5 +50,12 @@ def test_in_a_shared_pool_a_mirror_takes_only_a_free_slot_of_the_tenants_share(
         await post()
         await settle(router)
         assert canary.calls == 1 and breaker.mirrored == 2 and not gate.locked()
+        # The slot was free when the copy was planned, and a client's call took it before the
+        # copy ran: the copy is dropped, it does not wait in line with the tenant's clients.
+        task = asyncio.get_running_loop().create_task(router.mirrors._mirror(breaker, {}, gate))
+        await gate.acquire()
+        await asyncio.wait_for(task, timeout=5)  # (a copy waiting for the slot: TimeoutError)
+        assert canary.calls == 1 and gate.locked()
+        gate.release()
 
     run_ready(tmp_path, canary, scenario)

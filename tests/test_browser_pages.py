@@ -218,6 +218,49 @@ def test_keyboard_alone_skips_to_content_and_works_the_narrow_menu(
     check_page(page, "deployments-dark")
 
 
+SCROLLERS_WITHOUT_STOP = """() => [...document.querySelectorAll('table.list')]
+  .filter(t => t.scrollWidth > t.clientWidth + 1 && t.getAttribute('tabindex') !== '0')
+  .map(t => t.dataset.testid)"""
+
+
+def test_a_table_that_starts_to_scroll_has_its_tab_stop_before_anything_else_runs(
+    owner_page: Page, world: TenantWorld
+) -> None:
+    """A narrowed window (in the frame's resize steps) and a live swap (in the swap's own
+    microtask) give a sideways-scrolling table its tab stop at once: a deferred pass let axe
+    (and a keyboard user) meet a scrolling table with none, between the swap and its settle."""
+    page = owner_page
+    deployment = Deployment.objects.get(tenant=world.tenant, name="assistant")
+
+    def traffic() -> None:
+        contract_set(tenant=world.tenant, actor=Actor(user=world.owner), deployment=deployment,
+                     source=CONTRACT)  # fmt: skip
+        publish_sli(deployment, "stable", ok=900, failed=4)
+        health.tick(now=time.time(), act=False)
+
+    _in_another_thread(traffic)
+    page.goto(reverse("serving-deployment-health", args=[world.tenant.slug, deployment.pk]))
+    expect(page.get_by_test_id("objectives")).to_be_visible()
+    page.set_viewport_size({"width": 390, "height": 800})
+    # The next frame: its resize steps have run, a deferred pass has not.
+    missing = page.evaluate(
+        f"() => new Promise(r => requestAnimationFrame(() => r(({SCROLLERS_WITHOUT_STOP})())))"
+    )
+    assert missing == []
+    assert page.evaluate("document.querySelector('[data-testid=objectives]').tabIndex") == 0
+    # The server's next panel, swapped in as htmx does, checked before htmx's settle event:
+    # after one microtask.
+    missing = page.evaluate(
+        "async () => { const live = document.querySelector('#health-live');"
+        " const html = await (await fetch(live.getAttribute('hx-get'),"
+        " {headers: {'HX-Request': 'true'}})).text();"
+        " live.outerHTML = html; await null;"
+        " if (!document.querySelector('#health-live [data-testid=objectives]')) return 'no table';"
+        f" return ({SCROLLERS_WITHOUT_STOP})(); }}"
+    )
+    assert missing == []
+
+
 def test_a_new_incident_shows_on_the_home_page_without_a_reload(
     owner_page: Page, world: TenantWorld
 ) -> None:

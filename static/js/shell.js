@@ -56,12 +56,12 @@
       }
     });
   }
-  var resizeTimer = null;
-  window.addEventListener("resize", function () {
-    clearTimeout(resizeTimer);
-    resizeTimer = setTimeout(keyboardScrollers, 50);
-  });
-  document.addEventListener("htmx:afterSettle", keyboardScrollers);
+  // At once, never later: a check (or a keyboard user) that comes between a resize or a swap
+  // and a deferred pass would meet a scrolling table with no tab stop. A resize runs it in the
+  // frame's resize steps; new content (an htmx swap, a live stream) in the observer's microtask,
+  // before any other task can see it.
+  window.addEventListener("resize", keyboardScrollers);
+  new MutationObserver(keyboardScrollers).observe(document.body, { childList: true, subtree: true });
   keyboardScrollers();
 
   var themeButton = document.querySelector("[data-theme-toggle]");

@@ -2,8 +2,10 @@
 
 Everything real, on this machine: a local Ray head (127.0.0.1, token auth) serving a tiny
 Llama deployment (stable v1, canary v2 at 20%), a Celery worker and Celery beat (health tick
-every HEALTH_TICK_S, 2 s by default) on the bench's own PostgreSQL test database and Redis db,
-and two client threads sending completions through the Serve proxy. Each run:
+every HEALTH_TICK_S, 1 s by default; a deployment with a canary in flight is checked every
+HEALTH_CANARY_INTERVAL_S, 1 s, the others every 2 s) on the bench's own PostgreSQL test
+database and Redis db, and two client threads sending completions through the Serve proxy.
+Each run:
 
 1. the canary (v2, 20%) is set without faults and comes up;
 2. errors are injected into the canary (30% of its requests fail) through the reconcile path;
@@ -27,7 +29,7 @@ left it at its first failure (serving.dataplane.mirror). `both` (the default) ru
 a comma list (`nomirror,on`) runs each in turn, each with its own Ray head.
 
     python -m bench rollback [--quick] [--runs 20] [--mode both|external|embedded]
-        [--breaker both|off|on|nomirror|LIST] [--clients 2] [--tick 2] [--json PATH]
+        [--breaker both|off|on|nomirror|LIST] [--clients 2] [--tick 1] [--json PATH]
 
 Modes: `external` runs on the PostgreSQL and Redis of DATABASE_URL / REDIS_URL (the servers a
 deployment of the portal is given); `embedded` on the portal's own embedded PostgreSQL 18 and
@@ -179,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("both", "external", "embedded"), default=None)
     parser.add_argument("--breaker", default=None, help="both, off, on, nomirror or a list")
     parser.add_argument("--clients", type=int, default=2, help="client threads")
-    parser.add_argument("--tick", type=float, default=2.0, help="health tick interval (s)")
+    parser.add_argument(
+        "--tick",
+        type=float,
+        default=float(settings.CELERY_BEAT_SCHEDULE["health-tick"]["schedule"]),
+        help="the health tick's beat (s; HEALTH_TICK_S, the portal's default unless given)",
+    )
     parser.add_argument("--label", default="external", help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, default=results_path("rollback"))
     args = parser.parse_args(argv)
@@ -316,7 +323,8 @@ def measure(
             "EMAIL_FILE_PATH": str(work / "mail"),
             "HEALTH_TICK_S": str(tick),
         }
-        Deployment.objects.filter(pk=deployment.pk).update(health_interval_s=min(2.0, tick))
+        # The deployment keeps its own health_interval_s (2 s); with its canary in flight the
+        # tick checks it every HEALTH_CANARY_INTERVAL_S (1 s), at most once a beat.
         session.celery_worker(child_env, work / "worker.log", queues="default,health")
         session.celery_beat(child_env, work)
         client = target.serve_client()
@@ -351,6 +359,8 @@ def measure(
         "requests_per_s": clients.rate(),
         "runs": runs,
         "health_tick_s": tick,
+        "health_interval_s": deployment.health_interval_s,
+        "canary_interval_s": settings.HEALTH_CANARY_INTERVAL_S,
     }
     for name in FIGURES:
         values = [r[name] for r in runs]

@@ -204,9 +204,9 @@ CELERY_BEAT_SCHEDULE = {
         "task": "serving.refresh_deployment_status",
         "schedule": float(env_int("DEPLOYMENT_STATUS_INTERVAL_S", 5)),
     },
-    "health-tick": {
+    "health-tick": {  # the beat: each deployment is checked when due (health_interval_s)
         "task": "serving.health_tick",
-        "schedule": env_float("HEALTH_TICK_S", 2.0),
+        "schedule": env_float("HEALTH_TICK_S", 1.0),
     },
     "consistency-probe": {
         "task": "serving.consistency_probe",
@@ -452,6 +452,11 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # The health tick split into this many shards (deployment id % HEALTH_SHARDS), one task and
 # one lease each, ticked by whichever health workers are free (serving.ops.health.lease).
 HEALTH_SHARDS = env_int("HEALTH_SHARDS", 1)
+# A deployment with a canary in flight is checked this often (or at its own interval if
+# shorter); the health tick's beat (HEALTH_TICK_S) is the finest step either can take.
+HEALTH_CANARY_INTERVAL_S = env_float("HEALTH_CANARY_INTERVAL_S", 1.0)
+if not 0 < HEALTH_CANARY_INTERVAL_S <= 300:
+    raise ImproperlyConfigured("HEALTH_CANARY_INTERVAL_S: give seconds, above 0 and up to 300.")
 HEALTH_PROBES = env_bool("HEALTH_PROBES", True)  # synthetic probes through the Serve proxy
 HEALTH_PROBE_TIMEOUT_S = env_float("HEALTH_PROBE_TIMEOUT_S", 5.0)
 # Failed probes in a row before the stable slot fires a `probe` alert (0: never).

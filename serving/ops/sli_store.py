@@ -108,7 +108,7 @@ class BoundaryCache:
     window's cutoff were all written long ago, so the newest one at or before `now - W` is the
     same until the cutoff crosses the next minute: one lookup a minute instead of one a tick.
     Keyed by the slot's episode, so a new version or a canary that came back looks up afresh;
-    each tick keeps only the entries it used."""
+    each tick keeps the entries it used and those still current of slots it did not look up."""
 
     def __init__(self) -> None:
         self._entries: dict[tuple[Slot, int], tuple[Episode, int, Counts | None]] = {}
@@ -138,7 +138,15 @@ class BoundaryCache:
                 entries[(slot, window)] = (episode, bucket, value)
                 if value is not None:
                     found[slot][window] = value
-        self._entries = entries
+        # A slot not evaluated this tick (not due: a canary's deployment is checked more often
+        # than its neighbours) keeps its entries while their minute lasts; a gone slot's go
+        # with it.
+        kept = {
+            key: entry
+            for key, entry in self._entries.items()
+            if key[0] not in slots and key[1] in minute and entry[1] == minute[key[1]]
+        }
+        self._entries = {**kept, **entries}
         return found
 
 

@@ -110,6 +110,27 @@ def test_long_window_boundaries_are_looked_up_once_a_minute(world_a: TenantWorld
     assert len(ctx.captured_queries) == 1 and found[slot] == {}
 
 
+def test_a_slot_not_looked_up_every_tick_keeps_its_boundaries(world_a: TenantWorld) -> None:
+    """A canary's deployment is checked every second, its neighbours every other: the tick
+    that looks up only the canary's slot leaves the neighbour's cached boundaries alone."""
+    deployment = _ready(world_a)
+    start = time.time()
+    since = start - 2 * DAY
+    _minute_rows(deployment, "m:v1", since, start)
+    stable, canary = (deployment.pk, "stable"), (deployment.pk, "canary")
+    cache = BoundaryCache()
+    windows = (7200, 6 * 3600)
+    looked_up = 0
+    for step in range(0, 40):  # 40 one-second ticks: the stable slot due every other one
+        now = start + step
+        episodes = {canary: ("m:v2", since)} | ({stable: ("m:v1", since)} if step % 2 else {})
+        with CaptureQueriesContext(connection) as ctx:
+            found = cache.lookup(episodes, {w: now - w for w in windows})
+        looked_up += len(ctx.captured_queries)
+        assert found == lookup_before(episodes, {w: now - w for w in windows})
+    assert looked_up <= 4  # the first lookups and the minute crossed, not one per other tick
+
+
 def test_short_windows_are_looked_up_every_tick(world_a: TenantWorld) -> None:
     deployment = _ready(world_a)
     replica = Replica(deployment, "stable", "r1")

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -153,6 +157,49 @@ def test_health_interval_is_per_deployment(world_a: TenantWorld) -> None:
     assert health.tick(now=now, act=False)["due"] == 1
     assert health.tick(now=now + 2, act=False)["due"] == 0
     assert health.tick(now=now + 10, act=False)["due"] == 1
+
+
+def test_a_canary_in_flight_is_checked_every_canary_interval(
+    world_a: TenantWorld, world_b: TenantWorld, settings: Any
+) -> None:
+    """The beat ticks every second; a deployment with a canary is due at each tick (its
+    rollback waits on the tick that sees the breach), a stable-only neighbour at its own 2 s."""
+    settings.HEALTH_CANARY_INTERVAL_S = 1.0
+    deployment, neighbour = _ready(world_a), _ready(world_b)
+    actor = Actor(user=world_a.owner)
+    v2 = _version(world_a, "v2")
+    deploy.deployment_set_canary(
+        tenant=world_a.tenant, actor=actor, deployment=deployment, version_id=v2.pk, percent=20
+    )
+    Deployment.objects.filter(pk=deployment.pk).update(status=DeploymentStatus.RUNNING)
+    canary = Replica(deployment, "canary", "c1")
+    ids = [deployment.pk, neighbour.pk]
+    now = time.time()
+    due = []
+    for step in range(5):
+        canary.serve(ok=2)
+        due.append(health.tick(now=now + step, act=False, deployment_ids=ids)["due"])
+    assert due == [2, 1, 2, 1, 2]
+    rows = SliSample.objects.filter(
+        deployment=deployment, group="canary", resolution=Resolution.RAW
+    )
+    assert [round(r.end.timestamp() - r.start.timestamp(), 2) for r in rows.order_by("end")][1:] == [
+        1.0, 1.0, 1.0, 1.0
+    ]  # fmt: skip
+    # Its own interval when that is the shorter one.
+    settings.HEALTH_CANARY_INTERVAL_S = 10.0
+    assert health.tick(now=now + 5, act=False, deployment_ids=ids)["due"] == 0
+    assert health.tick(now=now + 6, act=False, deployment_ids=ids)["due"] == 2
+
+
+def test_a_canary_interval_out_of_bounds_is_refused_by_name(tmp_path: Path) -> None:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings",
+           "PORTAL_DATA_DIR": str(tmp_path), "HEALTH_CANARY_INTERVAL_S": "0"}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"], cwd=Path(__file__).parents[2],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0 and "HEALTH_CANARY_INTERVAL_S: give seconds" in done.stderr
 
 
 def test_a_failing_canary_opens_one_incident_and_one_rollback(

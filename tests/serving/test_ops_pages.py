@@ -233,6 +233,7 @@ def test_health_page_shows_objectives_budget_burn_rates_probe_and_kv(
     health.tick(now=time.time(), act=False)
     page = client.get(url).content.decode()
     assert 'hx-trigger="every 2s"' in page and "data-sli-chart" in page
+    assert "Checked every 2 s against" in page  # no canary in flight
     row = page.split('data-testid="objective-row"')[1].split("</tr>")[0]
     assert 'data-objective="availability"' in row and 'data-state="breach"' in row
     assert "<td>99%</td>" in row and ">90%</td>" in row  # target and current value
@@ -366,6 +367,9 @@ def test_abort_rolls_back_and_roll_back_to_previous_from_the_deployment_page(
     actor = Actor(user=world_a.owner)
     deploy.deployment_set_canary(tenant=world_a.tenant, actor=actor, deployment=deployment,
                                  version_id=v2.pk, percent=10)  # fmt: skip
+    health_url = _url(world_a, "serving-deployment-health", deployment)
+    shown = client.get(health_url).content.decode()
+    assert "Checked every 1 s while its canary is in flight (2 s without) against" in shown
     deploy.deployment_promote(tenant=world_a.tenant, actor=actor, deployment=deployment)
     detail = client.get(reverse("serving-deployment", args=[world_a.tenant.slug, deployment.pk]))
     panel_url = _url(world_a, "serving-deployment-rollbacks", deployment)

@@ -11,7 +11,7 @@ from portal.celery import task
 CHECK_TIME_LIMIT_S = 900
 
 
-# On `default`, not `health`: a run may take a minute of HTTP, and the health tick (every 2 s)
+# On `default`, not `health`: a run may take a minute of HTTP, and the health tick (every 1 s)
 # must never wait behind it.
 @task(name="serving.consistency_probe", queue="default", time_limit=120)
 def consistency_probe() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Health checks: one tick (Celery beat, queue `health`, every 2 s by default) for every live
+"""Health checks: one tick (Celery beat, queue `health`, every 1 s by default) for every due
 deployment: a synthetic probe through the Serve proxy with the deployment's probe key, the
 SLI counters its replicas published, both stored as SLI windows and evaluated against the
 deployment's contract; breaches open incidents and trigger the contract's actions.

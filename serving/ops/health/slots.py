@@ -97,8 +97,7 @@ def tick_slots(
     due = [
         t
         for t in targets
-        if now - float(info[t.deployment.pk].get("checked_at", 0))
-        >= t.deployment.health_interval_s - 0.25
+        if now - float(info[t.deployment.pk].get("checked_at", 0)) >= t.interval_s - 0.25
     ]
     due_ids = {t.deployment.pk for t in due}
     wall = time.time()  # staleness is judged at the read, not after the probes took their time
@@ -136,7 +135,7 @@ def tick_slots(
             state.pop("minute", None)
             state["since"] = now
         cumulative = Counts.from_dict(state["cum"]) if state.get("cum") and not fresh else Counts()
-        last_at = float(state.get("at", now - dep.health_interval_s))
+        last_at = float(state.get("at", now - target.interval_s))
         slot_replicas = account_replicas(
             seen=seen,
             published_raw=replicas_raw,
@@ -176,7 +175,7 @@ def tick_slots(
             state=signal_state,
             series=series,
             objectives=series_cache.wanted(target.contract),
-            interval_s=dep.health_interval_s,
+            interval_s=target.interval_s,
         )
         if point is not None:
             new_points[name] = point
@@ -296,7 +295,8 @@ def tick_slots(
         series_cache.queue_write(
             pipe, keys, new_signal_states, new_points, deployment_ids, shard_key(keys, shard)
         )
-        pruning = pipe.execute()[-1] is True and deployment_ids is None
+        written = pipe.execute()  # empty when nothing was due in a tick of given deployments
+        pruning = deployment_ids is None and bool(written) and written[-1] is True
     if pruning:  # the shard's slots no longer targets leave their signals (once a minute)
         series_cache.prune(r, keys["signals"], set(slot_names), shard)
     firing = {

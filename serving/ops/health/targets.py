@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Max, QuerySet
 from django.db.models.functions import Mod
 
@@ -49,10 +50,24 @@ class Target:
         return f"{version.model.name}:{version.label}" if version is not None else ""
 
     @property
+    def interval_s(self) -> float:
+        return check_interval_s(self.deployment, self.revision)
+
+    @property
     def groups(self) -> list[str]:
         if self.revision.pool_id is not None:
             return []  # a shared pool's counters mix tenants: probe only
         return ["stable"] + (["canary"] if self.revision.canary_version_id else [])
+
+
+def check_interval_s(deployment: Deployment, revision: DeploymentRevision | None) -> float:
+    """How often the tick checks a deployment: its `health_interval_s`, and at most
+    HEALTH_CANARY_INTERVAL_S while a canary is in flight (a failing canary's rollback waits
+    for the tick that sees the breach; a stable-only deployment has no such race)."""
+    interval = float(deployment.health_interval_s)
+    if revision is not None and revision.canary_version_id is not None and revision.pool_id is None:
+        return min(interval, float(settings.HEALTH_CANARY_INTERVAL_S))
+    return interval
 
 
 @dataclass

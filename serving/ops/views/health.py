@@ -26,6 +26,7 @@ from serving.ops import contracts, health
 from serving.ops import forms as ops_forms
 from serving.ops import selectors as ops_selectors
 from serving.ops.health.kv_integrity import kv_integrity_item
+from serving.ops.health.targets import check_interval_s
 from serving.ops.models import Resolution
 from serving.ops.series import bucket_sums
 from serving.ops.views.health_signals import signals_view
@@ -287,6 +288,7 @@ def health_page(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
     context = {
         "d": deployment,
         "h": health_view(deployment),
+        "interval_s": check_interval_s(deployment, deployment.current_revision),
         "contract": contracts.contract_current(tenant=tenant, deployment=deployment),
         "ranges": ["15m", *[r for r in RANGES if r != "15m"]],
     }

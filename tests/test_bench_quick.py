@@ -65,6 +65,7 @@ FIGURES: dict[str, list[str]] = {
     "health_tick": [
         "sizes.0.tick.p50_ms_per_deployment",
         "sizes.0.tick_with_probes.p50_ms_per_deployment",
+        "sizes.0.tick_between.p50_ms",
         "sizes.0.naive.p50_ms_per_deployment",
         "sizes.0.ratio_tick_to_naive",
         "sizes.0.sql.tick.queries",

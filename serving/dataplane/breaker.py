@@ -39,7 +39,7 @@ class BreakerConfig:
     slow_ms: float = 0.0
     # Clean calls a canary owes for each failed call before its clients come back from the
     # stable, their calls mirrored to it meanwhile (0: no mirroring; serving.dataplane.mirror).
-    mirror_clean: int = 10
+    mirror_clean: int = 20
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> BreakerConfig:

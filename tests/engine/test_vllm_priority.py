@@ -34,7 +34,8 @@ def test_vllm_serves_a_realtime_request_before_queued_batch_ones(tmp_path: Path)
 
     async def scenario() -> str:
         engine = VllmEngine(
-            directory, {"max_num_seqs": 2, "cpu_kv_space_gib": 0.25, "max_model_len": 512}
+            directory,  # float32: vLLM's CPU bfloat16 kernels die of SIGILL on some VMs' AMX
+            {"max_num_seqs": 2, "cpu_kv_space_gib": 0.25, "max_model_len": 512, "dtype": "float32"},
         )
         try:
             policy = str(engine.llm.vllm_config.scheduler_config.policy)

@@ -92,6 +92,19 @@ def _replica_pids(app: str) -> set[int]:
     return pids
 
 
+def _every_replica_served(app: str) -> bool:
+    """Both live replicas published totals with requests in them."""
+    r = redis.Redis.from_url(settings.REDIS_URL)
+    live = [
+        snapshot
+        for snapshot in map(
+            json.loads, r.hgetall(f"{settings.SLI_KEY_PREFIX}:sli:{app}:stable").values()
+        )
+        if time.time() - float(snapshot.get("window", {}).get("end", 0)) <= 3
+    ]
+    return len(live) >= 2 and all(int(s["totals"].get("requests", 0)) > 0 for s in live)
+
+
 def test_killing_replicas_every_5_s_under_traffic_loses_almost_nothing(
     world_a: TenantWorld, ray_cluster: RayCluster
 ) -> None:
@@ -158,6 +171,13 @@ def test_killing_replicas_every_5_s_under_traffic_loses_almost_nothing(
     # Killed replicas are lost; one Serve stops on purpose is not. A scale-down to one replica:
     # Serve stops the other gracefully, its __del__ says so (serving.dataplane.sli.farewell),
     # and the health tick neither counts it in replica_restarts nor loses its last requests.
+    # Each live replica has served first: Serve may stop the one restarted last, which the
+    # recovery streak need not have reached (CI saw its goodbye carry 0 requests).
+    with httpx.Client(timeout=20, trust_env=False) as http:
+        deadline = time.monotonic() + 60
+        while not _every_replica_served(app):
+            assert time.monotonic() < deadline, "a live replica never served"
+            traffic.one(http, tries=1)
     r = redis.Redis.from_url(settings.REDIS_URL)
     stopped_key = f"{settings.SLI_KEY_PREFIX}:sli-stopped:{app}:stable"
     r.delete(stopped_key)

@@ -129,6 +129,11 @@ def _child(directory: str) -> dict[str, Any]:
     memory: dict[str, Any] = {}
     if not torch.cuda.is_available():
         memory["kv_cache_memory_bytes"] = CHECK_KV_BYTES
+        # The checkpoint's own precision, not vLLM's CPU default (bfloat16): its bfloat16
+        # kernels use AMX where the CPU reports it, and on a VM whose AMX state is not kept
+        # (seen on the CI machines) the engine's worker dies of SIGILL, which says nothing
+        # about the checkpoint. A deployment still picks its own dtype.
+        memory["dtype"] = "float32"
 
     started = time.perf_counter()
     try:

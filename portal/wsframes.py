@@ -14,6 +14,7 @@ own path.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from uvicorn.protocols.utils import ClientDisconnected
@@ -26,6 +27,9 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 RAW_SEND = "portal.raw_send"  # the scope key of the server's own send (keep_raw_send)
+# The scope key of the server's `send_now(text) -> bool` (SharedFrameProtocol only): the frame
+# written before it returns, no task or await, or False when it must go through `send`.
+RAW_SEND_NOW = "portal.raw_send_now"
 _CACHE_SIZE = 64  # texts in flight at once: one per group a process streams
 _frames: dict[tuple[int, Any], tuple[str, bytes]] = {}
 
@@ -48,7 +52,11 @@ def keep_raw_send(app: Any) -> Any:
     stream's samples skip it (serving/telemetry/consumers.py)."""
 
     async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> Any:
-        return await app({**scope, RAW_SEND: send}, receive, send)
+        raw = {RAW_SEND: send}
+        server = getattr(send, "__self__", None)  # uvicorn passes its protocol's bound send
+        if isinstance(server, SharedFrameProtocol):
+            raw[RAW_SEND_NOW] = server.send_now
+        return await app({**scope, **raw}, receive, send)
 
     return wrapped
 
@@ -67,6 +75,12 @@ class SharedFrameProtocol(WebSocketsSansIOProtocol):
                 extensions=[factory], max_size=self.config.ws_max_size, logger=self.conn.logger
             )
 
+    @functools.cached_property
+    def frame_encoding(self) -> Any:
+        """_encoding of this connection, read once its handshake is done (the extensions are
+        fixed from then on): send_now runs once per socket per sample."""
+        return _encoding(self.conn)
+
     async def send(self, message: Any) -> None:
         text = message.get("text") if message["type"] == "websocket.send" else None
         if text is None:
@@ -74,20 +88,31 @@ class SharedFrameProtocol(WebSocketsSansIOProtocol):
         await self.writable.wait()
         if self.disconnected:
             raise ClientDisconnected
-        encoding = _encoding(self.conn)
+        if not self.send_now(text):
+            return await super().send(message)
+        return None
+
+    def send_now(self, text: str) -> bool:
+        """Write `text` as one shared frame at once, when nothing stands in the way: the socket
+        open and writable (not paused by backpressure), its frames shareable. False: nothing
+        was written, `send` takes it (and waits, or takes uvicorn's own path)."""
         if (
-            encoding is None
+            not self.writable.is_set()
+            or self.disconnected
             or not self.handshake_complete
             or self.close_sent
             or self.initial_response is not None
             or self.conn.state is not State.OPEN
         ):
-            return await super().send(message)
+            return False
+        encoding = self.frame_encoding
+        if encoding is None:
+            return False
         key = (id(text), encoding)
         cached = _frames.get(key)
         if cached is not None and cached[0] is text:
             self.transport.write(cached[1])
-            return None
+            return True
         pending = b"".join(self.conn.data_to_send())  # nothing, as uvicorn writes all at once
         self.conn.send_text(text.encode())
         frame = b"".join(self.conn.data_to_send())
@@ -95,4 +120,4 @@ class SharedFrameProtocol(WebSocketsSansIOProtocol):
             _frames.clear()
         _frames[key] = (text, frame)
         self.transport.write(pending + frame)
-        return None
+        return True

@@ -34,7 +34,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from portal.wsframes import RAW_SEND
+from portal.wsframes import RAW_SEND, RAW_SEND_NOW
 from serving.telemetry.agent import EVENT, node_group, sample_log, seq_key, tenant_group
 from tenants.channels import FORBIDDEN, join_member_group, member_tenant_id
 
@@ -159,6 +159,7 @@ class GpuConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     feed: GroupFeed | None = None
     member_group: str | None = None
     sender: asyncio.Future[None] | None = None
+    writing = False  # the writer task is sending a batch (it may be waiting on backpressure)
 
     async def connect(self) -> None:
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
@@ -237,9 +238,19 @@ class GpuConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         return key > self.floor and key > self.last.get(node, (0, 0))
 
     def offer(self, sample: Sample) -> None:
-        """A sample of the group: it replaces any of its node's not yet written."""
+        """A sample of the group: written at once when the socket's writer is idle and the
+        server can (RAW_SEND_NOW: open, not paused by backpressure), else it replaces any of
+        its node's not yet written and wakes the writer."""
         if not self._fresh(sample.node, sample.key):
             return  # replayed already
+        if self.sender is not None and not self.writing and not self.pending:
+            send_now = self.scope.get(RAW_SEND_NOW)
+            try:
+                if send_now is not None and send_now(sample.text):
+                    self.last[sample.node] = sample.key
+                    return
+            except OSError:  # the client is gone: disconnect() follows
+                return
         self.pending[sample.node] = sample
         self.wake.set()
 
@@ -248,11 +259,14 @@ class GpuConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.wake.wait()
             self.wake.clear()
             batch, self.pending = self.pending, {}
-            for sample in sorted(batch.values(), key=lambda s: s.key):
-                try:
+            self.writing = True  # offer() leaves the order to this task meanwhile
+            try:
+                for sample in sorted(batch.values(), key=lambda s: s.key):
                     await self._send(sample)
-                except OSError:  # the client is gone: disconnect() follows
-                    return
+            except OSError:  # the client is gone: disconnect() follows
+                return
+            finally:
+                self.writing = False
 
     async def _send(self, sample: Sample) -> None:
         if not self._fresh(sample.node, sample.key):

@@ -103,3 +103,67 @@ def test_a_socket_with_a_window_of_its_own_is_not_shared() -> None:
     assert wsframes._encoding(conn) is not None
     conn.extensions = []
     assert wsframes._encoding(conn) == ()
+
+
+async def _send_now_scenario() -> tuple[list[Any], list[str]]:
+    """Through keep_raw_send, as portal.asgi mounts it: the app writes with RAW_SEND_NOW."""
+    said: list[Any] = []
+
+    async def inner(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        send_now = scope[wsframes.RAW_SEND_NOW]
+        server = send.__self__
+        said.append(send_now(SAMPLE))  # written before it returns: no task, no await
+        server.writable.clear()  # backpressure: the transport asked to pause
+        said.append(send_now("held back"))
+        server.writable.set()
+        said.append(send_now("own"))
+        await send({"type": "websocket.close", "code": 1000})
+        said.append(send_now("too late"))  # closing: uvicorn's path says what happens
+        await receive()
+
+    port = _free_port()
+    config = uvicorn.Config(
+        wsframes.keep_raw_send(inner),
+        host="127.0.0.1",
+        port=port,
+        ws="portal.wsframes:SharedFrameProtocol",
+        ws_per_message_deflate=True,
+        lifespan="off",
+        log_level="warning",
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    got: list[str] = []
+    try:
+        async with connect(f"ws://127.0.0.1:{port}/", compression="deflate") as ws:
+            got.extend([str(message) async for message in ws])
+    finally:
+        server.should_exit = True
+        await serving
+    return said, got
+
+
+def test_send_now_writes_at_once_unless_backpressure_or_closing_stands_in_the_way() -> None:
+    wsframes._frames.clear()
+    said, got = asyncio.run(_send_now_scenario())
+    assert said == [True, False, True, False]
+    assert got == [SAMPLE, "own"]  # nothing written for a False
+
+
+def test_another_server_gets_no_send_now() -> None:
+    """Only SharedFrameProtocol's send is known to frame at once; any other keeps RAW_SEND."""
+    seen: list[dict[str, Any]] = []
+
+    async def inner(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(scope)
+
+    async def plain_send(message: dict[str, Any]) -> None:
+        pass
+
+    asyncio.run(wsframes.keep_raw_send(inner)({"type": "websocket"}, None, plain_send))
+    assert seen[0][wsframes.RAW_SEND] is plain_send
+    assert wsframes.RAW_SEND_NOW not in seen[0]

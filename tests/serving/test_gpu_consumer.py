@@ -15,8 +15,9 @@ from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
 
 from portal.asgi import application
+from portal.wsframes import RAW_SEND_NOW
 from serving.telemetry.agent import AgentConfig, GpuAgent, seq_key
-from serving.telemetry.consumers import GpuConsumer
+from serving.telemetry.consumers import GpuConsumer, Sample
 from serving.telemetry.providers.simulated import SimulatedProvider
 from tests.conftest import TenantWorld
 from tests.incidents.test_consumers import ORIGIN, WebsocketCommunicator, close_code, session_cookie
@@ -233,3 +234,49 @@ def test_a_failed_group_discard_still_stops_the_writer(
         return sender.cancelled() or sender.done()
 
     assert async_to_sync(scenario)()
+
+
+def test_a_sample_goes_out_at_once_only_when_nothing_is_ahead_of_it() -> None:
+    """offer() writes through the server's send_now when the socket's writer is idle; while it
+    writes a batch, holds one back, or the server says no (backpressure), the sample waits in
+    the socket's slot, so the order and the newest-wins slot stay the writer's."""
+    written: list[str] = []
+    answer = [True]
+
+    def send_now(text: str) -> bool:
+        if answer[0]:
+            written.append(text)
+        return answer[0]
+
+    consumer = GpuConsumer()
+    consumer.scope = {RAW_SEND_NOW: send_now}
+    consumer.floor, consumer.last, consumer.pending = (0, 0), {}, {}
+
+    def sample(seq: str, node: str = "node-a") -> Sample:
+        return Sample.of(seq, node, json.dumps({"at": 1.0, "node": node}))
+
+    async def scenario() -> None:
+        consumer.wake = asyncio.Event()
+        consumer.offer(sample("1-0"))  # no writer yet (connect still replaying): the slot
+        assert written == [] and list(consumer.pending) == ["node-a"]
+        consumer.pending.clear()
+        consumer.sender = asyncio.get_running_loop().create_future()
+        consumer.offer(sample("2-0"))
+        assert written == [sample("2-0").text] and consumer.last == {"node-a": (2, 0)}
+        consumer.offer(sample("2-0"))  # a repeat: dropped
+        consumer.offer(sample("1-5", "node-b"))  # another node's older seq still goes
+        assert len(written) == 2 and consumer.last["node-b"] == (1, 5)
+        consumer.writing = True
+        consumer.offer(sample("3-0"))  # behind the writer's batch
+        assert len(written) == 2 and consumer.pending["node-a"].seq == "3-0"
+        consumer.writing = False
+        consumer.offer(sample("4-0", "node-b"))  # behind the sample still in a slot
+        assert len(written) == 2 and set(consumer.pending) == {"node-a", "node-b"}
+        consumer.pending.clear()
+        answer[0] = False
+        consumer.offer(sample("5-0"))  # backpressure: the server wrote nothing
+        assert consumer.pending["node-a"].seq == "5-0" and consumer.last["node-a"] == (2, 0)
+        assert consumer.wake.is_set()
+        consumer.sender.cancel()
+
+    asyncio.run(scenario())

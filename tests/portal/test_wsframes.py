@@ -5,7 +5,9 @@ other messages take uvicorn's own path."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -25,6 +27,30 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@contextlib.asynccontextmanager
+async def _server(app: Any, deflate: bool) -> AsyncIterator[int]:
+    """uvicorn with portal.wsframes' protocol on a free port of 127.0.0.1, for the block."""
+    port = _free_port()
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        ws="portal.wsframes:SharedFrameProtocol",
+        ws_per_message_deflate=deflate,
+        lifespan="off",
+        log_level="warning",
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        await serving
+
+
 async def _fan_out(deflate: bool, clients: int = 3) -> tuple[list[list[str]], list[Any]]:
     """Every socket gets SAMPLE (one str object for all), then a text of its own."""
     joined: list[Any] = []
@@ -42,21 +68,7 @@ async def _fan_out(deflate: bool, clients: int = 3) -> tuple[list[list[str]], li
         await send({"type": "websocket.send", "text": f"own-{joined.index(send)}"})
         await receive()  # until the client leaves
 
-    port = _free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        ws="portal.wsframes:SharedFrameProtocol",
-        ws_per_message_deflate=deflate,
-        lifespan="off",
-        log_level="warning",
-    )
-    server = uvicorn.Server(config)
-    serving = asyncio.ensure_future(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    try:
+    async with _server(app, deflate) as port:
         sockets = [
             await connect(f"ws://127.0.0.1:{port}/", compression="deflate" if deflate else None)
             for _ in range(clients)
@@ -65,9 +77,6 @@ async def _fan_out(deflate: bool, clients: int = 3) -> tuple[list[list[str]], li
         negotiated = [ws.response.headers.get("Sec-WebSocket-Extensions") for ws in sockets]
         for ws in sockets:
             await ws.close()
-    finally:
-        server.should_exit = True
-        await serving
     return got, negotiated
 
 
@@ -123,27 +132,12 @@ async def _send_now_scenario() -> tuple[list[Any], list[str]]:
         said.append(send_now("too late"))  # closing: uvicorn's path says what happens
         await receive()
 
-    port = _free_port()
-    config = uvicorn.Config(
-        wsframes.keep_raw_send(inner),
-        host="127.0.0.1",
-        port=port,
-        ws="portal.wsframes:SharedFrameProtocol",
-        ws_per_message_deflate=True,
-        lifespan="off",
-        log_level="warning",
-    )
-    server = uvicorn.Server(config)
-    serving = asyncio.ensure_future(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
     got: list[str] = []
-    try:
-        async with connect(f"ws://127.0.0.1:{port}/", compression="deflate") as ws:
-            got.extend([str(message) async for message in ws])
-    finally:
-        server.should_exit = True
-        await serving
+    async with (
+        _server(wsframes.keep_raw_send(inner), deflate=True) as port,
+        connect(f"ws://127.0.0.1:{port}/", compression="deflate") as ws,
+    ):
+        got.extend([str(message) async for message in ws])
     return said, got
 
 

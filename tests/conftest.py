@@ -21,13 +21,18 @@ from tests.support.worlds import (  # noqa: F401 (re-exported: tests import them
 _TEST_DOMAINS = (".example", ".example.com", ".example.net", ".example.org", ".test")
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects and xdist reads the group marker
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test on the session's Ray head is a `ray` test, marked or not: `make test` runs the
-    tests without Ray on xdist workers (`-m "not ray"`), then the Ray tests in one process, so
-    a Ray head never shares the two cores with other tests (its replicas then starve: canaries
-    miss analyses, vLLM engines fail to load). Under xdist with Ray tests selected (`-n 2
-    --dist loadgroup` by hand) they all run in one worker, first, the rest beside them."""
+    """Every test on the session's Ray head is a `ray` test, marked or not. `make test` runs the
+    Ray tests in one process (one session head) at normal priority, and the tests without Ray
+    beside them on xdist workers at the lowest priority (`nice -n 19`), so those only take the
+    CPU the Ray pass leaves idle: Ray runs its replicas at nice 15, and at equal or higher
+    priority other tests starve them (canaries miss analyses, engines fail to load).
+
+    An xdist worker does not run Ray tests: each worker would start a head of its own, and
+    xdist's `--dist loadgroup` cannot keep them on one worker (xdist 3.8 renames the node id
+    through `_nodeid`, which pytest 9 no longer reads). They are skipped there, with the
+    command that runs them."""
     on_head = [
         item
         for item in items
@@ -36,13 +41,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in on_head:
         if item.get_closest_marker("ray") is None:
             item.add_marker(pytest.mark.ray)
-    if not hasattr(config, "workerinput"):  # not an xdist worker: the order stays as written
+    if not hasattr(config, "workerinput"):  # not an xdist worker
         return
+    skip = pytest.mark.skip(
+        reason="Ray tests run in one process, not on xdist workers: "
+        "pytest -m 'ray or vllm' (make test does)"
+    )
     for item in on_head:
-        item.add_marker(pytest.mark.xdist_group("ray"))
-    # The longest unit goes first, so the other worker's share runs beside it, not after it.
-    grouped = {id(item) for item in on_head}
-    items[:] = on_head + [item for item in items if id(item) not in grouped]
+        item.add_marker(skip)
 
 
 @pytest.hookimpl(hookwrapper=True)

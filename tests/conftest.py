@@ -23,11 +23,11 @@ _TEST_DOMAINS = (".example", ".example.com", ".example.net", ".example.org", ".t
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test on the session's Ray head is a `ray` test, marked or not. `make test` runs the
-    Ray tests in one process (one session head) at normal priority, and the tests without Ray
-    beside them on xdist workers at the lowest priority (`nice -n 19`), so those only take the
-    CPU the Ray pass leaves idle: Ray runs its replicas at nice 15, and at equal or higher
-    priority other tests starve them (canaries miss analyses, engines fail to load).
+    """Every test on the session's Ray head is a `ray` test, marked or not: `make test` runs the
+    tests without Ray on xdist workers (`-m "not ray"`), then the Ray tests in one process, so
+    a Ray head never shares the two cores with other tests (its replicas then starve: canaries
+    miss analyses, a second node's replica misses its SLI window; measured even with the other
+    tests at nice 19, bench/README.md "The suite's time").
 
     An xdist worker does not run Ray tests: each worker would start a head of its own, and
     xdist's `--dist loadgroup` cannot keep them on one worker (xdist 3.8 renames the node id

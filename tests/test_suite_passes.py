@@ -27,7 +27,7 @@ def test_a_ray_test_on_an_xdist_worker_is_skipped_with_the_command_that_runs_it(
             "-rs",
             "-q",
             "--no-header",
-        ],  # fmt: skip
+        ],
         cwd=ROOT,
         env={**os.environ, "PYTEST_ADDOPTS": ""},
         capture_output=True,
